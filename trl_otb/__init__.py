@@ -1,0 +1,46 @@
+"""trl-otb: the Optimal Token Baseline (OTB) for GRPO training in Hugging Face TRL.
+
+The math (``otb_advantages`` and friends) imports only torch; ``OTBConfig`` and ``OTBTrainer``
+import TRL on first use.
+"""
+
+from .baselines import (
+    ESTIMATORS,
+    compute_advantages,
+    grpo_advantages,
+    ogb_advantages,
+    opo_advantages,
+    otb_advantages,
+    otb_terms,
+    rloo_advantages,
+)
+from .proxy import logit_gradient_proxy, sum_pi_squared
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ESTIMATORS",
+    "OTBConfig",
+    "OTBTrainer",
+    "compute_advantages",
+    "grpo_advantages",
+    "logit_gradient_proxy",
+    "ogb_advantages",
+    "opo_advantages",
+    "otb_advantages",
+    "otb_terms",
+    "rloo_advantages",
+    "sum_pi_squared",
+]
+
+
+def __getattr__(name):
+    if name == "OTBConfig":
+        from .config import OTBConfig
+
+        return OTBConfig
+    if name == "OTBTrainer":
+        from .trainer import OTBTrainer
+
+        return OTBTrainer
+    raise AttributeError(f"module 'trl_otb' has no attribute {name!r}")
