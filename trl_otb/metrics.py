@@ -1,0 +1,65 @@
+"""Per-step OTB diagnostics (logged under ``otb/``), computed from the tensors the baseline used.
+
+No TRL import. All inputs are the *gathered* generation batch, so every process logs the same values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["otb_diagnostics"]
+
+
+def otb_diagnostics(
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    proxy: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+) -> dict[str, float]:
+    """Diagnostics of one generation batch.
+
+    Args:
+        rewards: ``[B]`` (NaN = unscorable). advantages, proxy, mask: ``[B, T]``. group_ids: ``[B]``.
+
+    Returns a dict of floats:
+        ``proxy_mean``, ``proxy_max``: w_t over valid tokens.
+        ``energy_last_mean``, ``energy_last_max``: W at each valid sequence's last token (= sum_t w_t).
+        ``baseline_differs_frac``: share of valid tokens whose baseline ``B_t = R - A_t`` differs from the
+        group's mean reward by more than 1e-6 (0 for GRPO; how far OTB moves away from it).
+        ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
+        ``total_power``: ``mean_i(Abar_i^2 W_i)`` with Abar_i the token mean of A and W_i = sum_t w_t,
+        the reference's variance proxy (with the gradient norm it gives ``pure_noise``).
+    """
+    valid = torch.isfinite(rewards) & mask.bool().any(dim=1)
+    m = mask.bool() & valid[:, None]
+    mf = m.to(torch.float32)
+    R = torch.where(valid, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
+    A = advantages.float() * mf
+    w = torch.where(m, proxy.float(), torch.zeros_like(A))
+    n_tokens = mf.sum()
+    if n_tokens == 0:
+        keys = ("proxy_mean", "proxy_max", "energy_last_mean", "energy_last_max", "baseline_differs_frac")
+        keys += ("advantage_mean", "advantage_std", "advantage_abs_max", "total_power")
+        return dict.fromkeys(keys, 0.0)
+
+    energy_last = w.sum(dim=1)[valid]
+    _, gid = torch.unique(group_ids, return_inverse=True)
+    G = int(gid.max()) + 1
+    count = torch.zeros(G, device=R.device).index_add_(0, gid, valid.float())
+    group_mean = (torch.zeros(G, device=R.device).index_add_(0, gid, R) / count.clamp(min=1))[gid]
+    baseline = R[:, None] - A
+    differs = ((baseline - group_mean[:, None]).abs() > 1e-6) & m
+    a_valid = A[m]
+    a_bar = A.sum(dim=1)[valid] / mf.sum(dim=1)[valid]
+    return {
+        "proxy_mean": (w.sum() / n_tokens).item(),
+        "proxy_max": w[m].max().item(),
+        "energy_last_mean": energy_last.mean().item(),
+        "energy_last_max": energy_last.max().item(),
+        "baseline_differs_frac": (differs.sum() / n_tokens).item(),
+        "advantage_mean": a_valid.mean().item(),
+        "advantage_std": a_valid.std(unbiased=False).item(),
+        "advantage_abs_max": a_valid.abs().max().item(),
+        "total_power": (a_bar.pow(2) * energy_last).mean().item(),
+    }

@@ -1,0 +1,256 @@
+"""OTBTrainer: TRL's GRPOTrainer with the Optimal Token Baseline.
+
+Only two things change in a training step (see docs/method.md):
+
+1. the rollout-time no-grad pass also returns log sum_v pi(v)^2, from TRL's fused LM head, at the
+   sampling temperature (it rides along when TRL already runs that pass);
+2. the advantages returned by ``_generate_and_score_completions`` are replaced by token-level
+   ``[B, T]`` ones from :func:`trl_otb.compute_advantages`, computed on whole groups gathered
+   across processes and sliced back.
+
+TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import torch
+from accelerate.utils import is_peft_model
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import add_fused_lm_head
+
+from . import compat
+from .baselines import compute_advantages
+from .config import OTBConfig
+from .metrics import otb_diagnostics
+from .proxy import logit_gradient_proxy, uniform_proxy
+
+# Keys of the generation batch that TRL's own log-prob passes forward to the model (multimodal inputs).
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class OTBTrainer(GRPOTrainer):
+    """[`trl.GRPOTrainer`] whose advantages come from the Optimal Token Baseline.
+
+    Takes exactly GRPOTrainer's arguments; ``args`` must be an [`OTBConfig`] (or ``None``).
+    ``advantages`` in the generation batch are ``[B, T]``, aligned with ``completion_ids``.
+    Diagnostics are logged under ``otb/``.
+    """
+
+    _tag_names = ["trl", "grpo", "otb"]
+    _name = "OTB"
+    _paper = {
+        "title": "The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL",
+        "id": "2602.07078",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{li2026optimal,
+                title        = {{The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL}},
+                author       = {Li et al.},
+                year         = 2026,
+                eprint       = {arXiv:2602.07078},
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs, args: OTBConfig | None = None, **kwargs):
+        compat.check_trl_compatibility()
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = OTBConfig(f"{str(name).split('/')[-1]}-OTB")
+        elif not isinstance(args, OTBConfig):
+            kind = "GRPOConfig" if isinstance(args, GRPOConfig) else type(args).__name__
+            raise TypeError(
+                f"OTBTrainer needs an OTBConfig, got a {kind}. Build it with trl_otb.OTBConfig(...): it takes every "
+                "GRPOConfig argument plus the OTB options."
+            )
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+        self._otb_sink = None  # list while a generation batch is scored: (logps, log_sum_sq_probs) per pass
+        self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
+        self._otb_rewards_per_func = None
+        self._otb_power = []  # total_power per generation batch since the last log, for otb/pure_noise
+        if self._otb_needs_sum_pi_sq:
+            # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
+            # Patching again wraps TRL's patch; only the fused call path changes.
+            target = self.model.get_base_model() if is_peft_model(self.model) else self.model
+            add_fused_lm_head(
+                target,
+                temperature=self.temperature,
+                cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+                outputs=("log_probs", "entropy", "log_sum_sq_probs"),
+            )
+            self.model.register_forward_hook(self._otb_capture_hook)
+
+    @property
+    def _otb_needs_sum_pi_sq(self) -> bool:
+        return self.args.otb_proxy == "logit" and self.args.advantage_estimator in ("otb", "ogb")
+
+    # --- arrow 1: sum pi^2 from the rollout-time pass -------------------------------------------------------------
+
+    def _otb_capture_hook(self, module, args, output):
+        if self._otb_chunks is None:
+            return
+        log_sum_sq = getattr(output, "log_sum_sq_probs", None)
+        if log_sum_sq is None:
+            raise RuntimeError(
+                "The model's fused LM head returned no log_sum_sq_probs, so the OTB proxy cannot be formed. Something "
+                "replaced the forward that OTBTrainer patched (e.g. a fused-loss kernel); remove it, or set "
+                "otb_proxy='uniform'."
+            )
+        self._otb_chunks.append(log_sum_sq)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if self._otb_sink is None or torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        self._otb_chunks = []
+        try:
+            result = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+            chunks = self._otb_chunks
+        finally:
+            self._otb_chunks = None
+        if chunks:
+            self._otb_sink.append((result[0], torch.cat([c[:, -logits_to_keep:] for c in chunks], dim=0)))
+        return result
+
+    def _otb_rollout_stats(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi(y_t) and log sum pi^2 of the generation batch: one no-grad pass when TRL ran none."""
+        old = batch.get("old_per_token_logps")
+        for logps, log_sum_sq in self._otb_sink or ():
+            if old is not None and logps is old:
+                return logps, log_sum_sq
+        mode = "train" if self.model.training else "eval"
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        forward_kwargs = {k: batch[k] for k in _FORWARD_KEYS if k in batch}
+        self._otb_sink = []
+        try:
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                self._get_per_token_logps_and_entropies(
+                    self.model,
+                    input_ids,
+                    attention_mask,
+                    batch["completion_ids"].size(1),
+                    batch_size=batch_size,
+                    **forward_kwargs,
+                )
+            return self._otb_sink[0]
+        finally:
+            self._otb_sink = None
+
+    # --- arrow 2: token-level advantages -------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._otb_rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN where a function returned None
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._otb_sink = [] if self._otb_needs_sum_pi_sq else None
+        try:
+            batch = super()._generate_and_score_completions(inputs)
+            proxy = self._otb_local_proxy(batch)
+        finally:
+            self._otb_sink = None
+        advantages, diagnostics = self._otb_advantages(batch, proxy)
+        batch["advantages"] = advantages
+        mode = "train" if self.model.training else "eval"
+        for name, value in diagnostics.items():
+            self._metrics[mode][f"otb/{name}"].append(value)
+        if mode == "train":
+            self._otb_power.append(diagnostics["total_power"])
+        return batch
+
+    def _otb_local_proxy(self, batch: dict) -> torch.Tensor:
+        if not self._otb_needs_sum_pi_sq:
+            return uniform_proxy(batch["completion_mask"])
+        logps, log_sum_sq = self._otb_rollout_stats(batch)
+        # Positions whose label is -100 hold 0 in log space; the mask removes them downstream.
+        return logit_gradient_proxy(logps, torch.exp(log_sum_sq.float()))
+
+    def _otb_gather(self, x: torch.Tensor, pad_value=0) -> torch.Tensor:
+        """[B_local, T_local] on each process -> [B_global, T_max] on every process."""
+        x = self.accelerator.pad_across_processes(x, dim=1, pad_index=pad_value)
+        return self.accelerator.gather(x)
+
+    def _otb_advantages(self, batch: dict, proxy: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        B_local, T_local = batch["completion_ids"].shape
+        mask = batch["completion_mask"]
+        tool_mask = batch.get("tool_mask")
+        if tool_mask is not None:
+            mask = mask * tool_mask
+        is_weights = batch.get("importance_sampling_ratio")
+        if is_weights is not None:
+            # Masked importance-sampling modes zero a ratio: those tokens (or sequences) leave their group.
+            mask = mask * (is_weights > 0).to(mask.dtype)
+        align = args.otb_align or ("valid" if tool_mask is not None else "position")
+
+        rewards_per_func = self._otb_rewards_per_func
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+
+        g_mask = self._otb_gather(mask.to(torch.float32))
+        g_proxy = self._otb_gather(proxy.to(torch.float32))
+        g_is = None if is_weights is None else self._otb_gather(is_weights.to(torch.float32), pad_value=1.0)
+        group_ids = torch.arange(g_mask.size(0), device=g_mask.device) // num_generations
+        rows = slice(self.accelerator.process_index * B_local, (self.accelerator.process_index + 1) * B_local)
+
+        if args.advantage_estimator == "grpo":
+            # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
+            local = batch["advantages"][:, None] * mask.to(torch.float32)
+            g_adv = self._otb_gather(local)
+        else:
+            g_adv = compute_advantages(
+                args.advantage_estimator,
+                rewards.to(g_proxy.device),
+                g_proxy,
+                g_mask,
+                group_ids,
+                eps=args.otb_epsilon,
+                tail=args.otb_tail,
+                is_weights=g_is,
+                align=align,
+                leave_one_out=args.otb_leave_one_out,
+            )
+        diagnostics = otb_diagnostics(rewards.to(g_proxy.device), g_adv, g_proxy, g_mask, group_ids)
+        self._otb_log_table_advantages(g_adv, g_mask)
+        return g_adv[rows, :T_local].contiguous(), diagnostics
+
+    def _otb_log_table_advantages(self, g_adv: torch.Tensor, g_mask: torch.Tensor) -> None:
+        """The completions table shows one advantage per completion: use the token mean of ours, not TRL's."""
+        per_sequence = (g_adv * g_mask).sum(1) / g_mask.sum(1).clamp(min=1)
+        table = self._logs["advantages"]
+        for _ in range(min(len(table), per_sequence.numel())):
+            table.pop()
+        table.extend(per_sequence.tolist())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # The reference's noise estimate needs the step's gradient norm, known only at logging time.
+        if "grad_norm" in logs and self._otb_power:
+            total_power = sum(self._otb_power) / len(self._otb_power)
+            grad_norm = float(logs["grad_norm"])
+            if math.isfinite(grad_norm):
+                logs["otb/pure_noise"] = max(0.0, (total_power - grad_norm**2) / max(self.num_generations - 1, 1))
+            self._otb_power = []
+        super().log(logs, start_time)
