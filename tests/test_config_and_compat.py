@@ -1,0 +1,105 @@
+"""OTBConfig refuses every combination that would make OTB silently wrong; the TRL guard trips on change."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_otb import OTBConfig, OTBTrainer
+from trl_otb import compat
+from trl_otb.compat import TRLCompatibilityError, check_trl_compatibility
+
+CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4)
+
+
+def test_defaults_are_otb_with_four_generations_and_raw_advantages():
+    args = OTBConfig(**CPU)
+    assert (args.advantage_estimator, args.otb_proxy, args.num_generations) == ("otb", "logit", 4)
+    assert args.scale_rewards == "none" and args.otb_tail == "zero" and args.otb_epsilon == 1e-8
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"num_generations": 1}, "num_generations >= 2"),
+        ({"num_generations_eval": 1}, "num_generations_eval >= 2"),
+        ({"advantage_estimator": "ppo"}, "unknown advantage_estimator"),
+        ({"otb_proxy": "exact"}, "unknown otb_proxy"),
+        ({"otb_tail": "carry"}, "unknown otb_tail"),
+        ({"otb_align": "turn"}, "unknown otb_align"),
+        ({"otb_epsilon": -1.0}, "otb_epsilon"),
+        ({"scale_rewards": "group"}, "scale_rewards='none'"),
+        ({"scale_rewards": True}, "scale_rewards='none'"),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, "sum_then_normalize"),
+        ({"loss_type": "vespo"}, "token-level"),
+        ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
+        (
+            {"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": True}},
+            "fused_linear_cross_entropy",
+        ),
+    ],
+)
+def test_invalid_combinations_fail_at_construction_saying_what_to_change(overrides, needle):
+    with pytest.raises(ValueError, match="OTBConfig") as info:
+        OTBConfig(**{**CPU, **overrides})
+    assert needle in str(info.value)
+
+
+def test_sequence_level_estimators_accept_what_otb_refuses():
+    OTBConfig(**CPU, advantage_estimator="grpo", scale_rewards="group", loss_type="vespo")
+    OTBConfig(**CPU, advantage_estimator="ogb", off_policy_mask_threshold=0.5)
+
+
+def test_trainer_rejects_a_plain_grpo_config(tiny_model_dir):
+    with pytest.raises(TypeError, match="OTBConfig"):
+        OTBTrainer(
+            tiny_model_dir,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=GRPOConfig(**CPU, num_generations=4),
+            train_dataset=[],
+        )
+
+
+def test_every_config_field_has_help_metadata():
+    own = set(OTBConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
+    own |= {"num_generations", "scale_rewards"}
+    for name in own:
+        assert OTBConfig.__dataclass_fields__[name].metadata.get("help"), name
+        assert name in OTBConfig.__doc__, f"{name} missing from the OTBConfig docstring"
+
+
+def test_installed_trl_passes_the_guard():
+    check_trl_compatibility()
+
+
+def test_guard_fails_loudly_when_an_overridden_trl_method_changes(monkeypatch):
+    original = inspect.getsource
+    target = GRPOTrainer._compute_loss
+
+    def altered(obj):
+        source = original(obj)
+        return (
+            source.replace("if advantages.dim() == 1:", "advantages = advantages.mean(-1)")
+            if obj is target
+            else source
+        )
+
+    monkeypatch.setattr(compat.inspect, "getsource", altered)
+    with pytest.raises(TRLCompatibilityError, match="_compute_loss"):
+        check_trl_compatibility()
+
+
+def test_guard_fails_when_a_relied_on_method_disappears(monkeypatch):
+    monkeypatch.delattr(GRPOTrainer, "_calculate_rewards")
+    with pytest.raises(TRLCompatibilityError, match="_calculate_rewards no longer exists"):
+        check_trl_compatibility()
+
+
+def test_guard_fails_on_another_trl_version(monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(TRLCompatibilityError, match="1.17.0"):
+        check_trl_compatibility()

@@ -1,0 +1,229 @@
+"""OTBTrainer end to end on the tiny random Llama: the advantages it trains on are the ones the
+contract defines, computed from statistics we recompute independently here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+from trl_otb import OTBConfig, OTBTrainer, otb_advantages
+from trl_otb.baselines import grpo_advantages
+from trl_otb.config import TOKEN_LEVEL_LOSSES
+
+N = 4
+
+
+def make_args(tmp_path, **overrides):
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=8,
+        num_generations=N,
+        max_completion_length=12,
+        max_steps=1,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        temperature=0.7,
+    )
+    base.update(overrides)
+    return OTBConfig(**base)
+
+
+def prompts_dataset(n=16):
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"what is {i} + {i % 3}?"}]} for i in range(n)])
+
+
+class RecordingReward:
+    """A deterministic reward that varies within groups and remembers what it returned."""
+
+    __name__ = "recording_reward"
+
+    def __init__(self, none_rows=()):
+        self.calls = []
+        self.none_rows = set(none_rows)
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        out = [
+            None if i in self.none_rows else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0)
+            for i, ids in enumerate(completion_ids)
+        ]
+        self.calls.append(out)
+        return out
+
+
+def generation_inputs(n_prompts=2):
+    return [{"prompt": [{"role": "user", "content": f"what is {p} + 1?"}]} for p in range(n_prompts) for _ in range(N)]
+
+
+def independent_rollout_stats(model, batch, temperature):
+    """pi(y_t) and sum_v pi(v)^2 from a plain forward with full logits (no fused head), in fp64."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    T = batch["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -T - 1 : -1].double()
+    probs = torch.softmax(logits / temperature, dim=-1)
+    p_token = probs.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    one_hot = torch.nn.functional.one_hot(batch["completion_ids"], probs.size(-1)).double()
+    proxy = ((one_hot - probs) ** 2).sum(-1)  # ||e_y - pi||^2, computed directly
+    return p_token, (probs**2).sum(-1), proxy
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_sum_pi_sq_from_fused_head_equals_full_softmax(tiny_model_dir, tmp_path, temperature):
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=make_args(tmp_path, temperature=temperature),
+        train_dataset=prompts_dataset(),
+    )
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    trainer._otb_sink = []
+    logps, log_sum_sq = trainer._otb_rollout_stats(batch)
+    p_ref, sum_sq_ref, _ = independent_rollout_stats(trainer.model, batch, temperature)
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(torch.exp(log_sum_sq.double())[mask], sum_sq_ref[mask], atol=1e-5, rtol=0)
+    assert torch.allclose(torch.exp(logps.double())[mask], p_ref[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("off_policy", [False, True], ids=["own-pass", "rides-along-trl-pass"])
+def test_trainer_advantages_equal_contract_on_independent_inputs(tiny_model_dir, tmp_path, off_policy):
+    overrides = {"steps_per_generation": 2} if off_policy else {}
+    reward = RecordingReward()
+    trainer = OTBTrainer(
+        tiny_model_dir, reward_funcs=reward, args=make_args(tmp_path, **overrides), train_dataset=prompts_dataset()
+    )
+    passes = []
+    hook = trainer.model.register_forward_hook(
+        lambda m, a, kw, out: passes.append(kw.get("fused_lm_head", False)), with_kwargs=True
+    )
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    hook.remove()
+    # Exactly one fused (log-prob) pass over the batch: TRL's when it runs one, else ours.
+    assert sum(passes) == 1
+    assert ("old_per_token_logps" in batch) == off_policy
+
+    _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+    rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
+    mask = batch["completion_mask"]
+    group_ids = torch.arange(len(rewards)) // N
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids)
+    assert batch["advantages"].shape == batch["completion_ids"].shape
+    assert torch.allclose(batch["advantages"], expected, atol=1e-5)
+    assert (batch["advantages"][mask == 0] == 0).all()
+
+
+def test_grpo_estimator_reproduces_trl_advantages(tiny_model_dir, tmp_path):
+    reward = RecordingReward()
+    args = make_args(tmp_path, advantage_estimator="grpo", scale_rewards="group")
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
+    mask = batch["completion_mask"]
+    ours = grpo_advantages(rewards, torch.ones(mask.shape), mask, torch.arange(len(rewards)) // N, scale="group")
+    assert torch.allclose(batch["advantages"], ours, atol=1e-5)
+
+
+def test_all_unscorable_rewards_give_zero_advantages_and_finite_loss(tiny_model_dir, tmp_path):
+    reward = RecordingReward(none_rows=range(100))
+    trainer = OTBTrainer(
+        tiny_model_dir, reward_funcs=reward, args=make_args(tmp_path), train_dataset=prompts_dataset()
+    )
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    assert (batch["advantages"] == 0).all()
+    trainer.train()
+    assert all(math.isfinite(entry.get("loss", 0.0)) for entry in trainer.state.log_history)
+
+
+def test_unscorable_rows_are_excluded_from_their_group(tiny_model_dir, tmp_path):
+    reward = RecordingReward(none_rows={0, 5})
+    trainer = OTBTrainer(
+        tiny_model_dir, reward_funcs=reward, args=make_args(tmp_path), train_dataset=prompts_dataset()
+    )
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    assert (batch["advantages"][0] == 0).all() and (batch["advantages"][5] == 0).all()
+    _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+    rewards = torch.tensor([math.nan if r is None else r for r in reward.calls[-1]])
+    expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N)
+    assert torch.allclose(batch["advantages"], expected, atol=1e-5)
+
+
+def test_fully_masked_batch_trains_without_nan(tiny_model_dir, tmp_path):
+    # max_completion_length=2 truncates everything; masking truncated completions leaves no token.
+    args = make_args(tmp_path, max_completion_length=2, mask_truncated_completions=True, max_steps=2)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.parametrize("loss_type", TOKEN_LEVEL_LOSSES)
+def test_train_changes_parameters_for_each_supported_loss(tiny_model_dir, tmp_path, loss_type):
+    args = make_args(tmp_path, loss_type=loss_type, learning_rate=1e-2, max_steps=2)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert changed, f"no parameter moved with loss_type={loss_type}"
+    logged = trainer.state.log_history[0]
+    assert "otb/advantage_std" in logged and "otb/proxy_mean" in logged
+
+
+@pytest.mark.parametrize(
+    "estimator,proxy", [("rloo", "logit"), ("opo", "logit"), ("ogb", "logit"), ("otb", "uniform")]
+)
+def test_other_estimators_and_proxies_train(tiny_model_dir, tmp_path, estimator, proxy):
+    args = make_args(tmp_path, advantage_estimator=estimator, otb_proxy=proxy, learning_rate=1e-2)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_evaluate_uses_num_generations_eval(tiny_model_dir, tmp_path):
+    args = make_args(
+        tmp_path, num_generations_eval=2, per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1
+    )
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=args,
+        train_dataset=prompts_dataset(),
+        eval_dataset=prompts_dataset(4),
+    )
+    metrics = trainer.evaluate()
+    assert "eval_otb/advantage_std" in metrics and math.isfinite(metrics["eval_loss"])
+
+
+def test_model_card_and_checkpoint_carry_otb(tiny_model_dir, tmp_path):
+    args = make_args(tmp_path, save_strategy="steps", save_steps=1)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer.train()
+    trainer.save_model()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "2602.07078" in card and "otb" in card and "grpo" in card
+    assert (tmp_path / "out" / "checkpoint-1" / "trainer_state.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert reloaded.config.vocab_size == trainer.model.config.vocab_size
+
+
+def test_extreme_logits_give_a_finite_proxy_and_loss(tiny_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e3)  # logits of order 1e3-1e4: near one-hot distributions
+    trainer = OTBTrainer(
+        model,
+        reward_funcs=RecordingReward(),
+        args=make_args(tmp_path, temperature=1.0),
+        train_dataset=prompts_dataset(),
+    )
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    assert torch.isfinite(batch["advantages"]).all()
+    assert all(torch.isfinite(torch.tensor(v)) for v in trainer._metrics["train"]["otb/proxy_max"])
