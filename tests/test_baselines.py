@@ -1,0 +1,874 @@
+"""The advantage estimators against hand-computed numbers, a loop-based reference, and the laws of OTB.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trl_otb import (
+    compute_advantages,
+    grpo_advantages,
+    ogb_advantages,
+    opo_advantages,
+    otb_advantages,
+    otb_terms,
+    rloo_advantages,
+)
+from trl_otb.proxy import uniform_proxy
+
+NAN = float("nan")
+SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
+
+
+def t64(x):
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def ids(x):
+    return torch.tensor(x, dtype=torch.long)
+
+
+def assert_close(actual, expected, atol=1e-6, rtol=1e-6):
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+
+
+# ----------------------------------------------------------------------------------------------
+# A slow, obvious reference: Python loops over groups and aligned positions, straight from §1-§2.
+# ----------------------------------------------------------------------------------------------
+
+
+def aligned_positions(mask_row, align):
+    """{aligned coordinate c: absolute position t} for the masked-in tokens of one row."""
+    active = [t for t, m in enumerate(mask_row) if m]
+    if align == "position":
+        return {t: t for t in active}
+    return dict(enumerate(active))
+
+
+def reference_otb(
+    rewards, proxy, mask, group_ids, *, eps=1e-8, tail="zero", is_weights=None, align="position", leave_one_out=False
+):
+    """Returns (advantages, forced) as [B][T] lists; forced[i][t] is True where the baseline is set to 0
+    by a rule (singleton group, tail override, no other member for leave-one-out)."""
+    B = len(rewards)
+    T = len(mask[0]) if B else 0
+    valid = [math.isfinite(rewards[i]) and any(mask[i]) for i in range(B)]
+    pos = [aligned_positions(mask[i], align) for i in range(B)]
+    energy = []
+    for i in range(B):
+        total, W = 0.0, {}
+        for c in sorted(pos[i]):
+            t = pos[i][c]
+            rho = 1.0
+            if is_weights is not None:
+                rho = is_weights[i][t] if len(is_weights[i]) > 1 else is_weights[i][0]
+            total += proxy[i][t] * rho * rho
+            W[c] = total
+        energy.append(W)
+    adv = [[0.0] * T for _ in range(B)]
+    forced = [[False] * T for _ in range(B)]
+    for g in set(group_ids):
+        members = [i for i in range(B) if group_ids[i] == g and valid[i]]
+        lengths = {i: len(pos[i]) for i in members}
+        longest = max(lengths.values(), default=0)
+        top = [i for i in members if lengths[i] == longest]
+        unique_longest = top[0] if len(top) == 1 else None
+        second = max((lengths[i] for i in members if i != unique_longest), default=0)
+        for c in range(T):
+            active = [i for i in members if c in pos[i]]
+            for i in active:
+                if leave_one_out:
+                    pool = [j for j in active if j != i]
+                    zero = not pool
+                else:
+                    pool = active
+                    zero = len(members) == 1 or (tail == "zero" and i == unique_longest and c >= second)
+                if zero:
+                    b = 0.0
+                else:
+                    num = sum(rewards[j] * energy[j][c] for j in pool)
+                    den = sum(energy[j][c] for j in pool)
+                    b = num / (den + eps)
+                adv[i][pos[i][c]] = rewards[i] - b
+                forced[i][pos[i][c]] = zero
+    return adv, forced
+
+
+# ----------------------------------------------------------------------------------------------
+# Random inputs
+# ----------------------------------------------------------------------------------------------
+
+
+@st.composite
+def otb_inputs(
+    draw,
+    *,
+    max_b=6,
+    max_t=6,
+    nan_rewards=True,
+    empty_rows=True,
+    holes=True,
+    proxy_min=0.0,
+    with_is_weights=True,
+    min_rho=0.0,
+):
+    B = draw(st.integers(1, max_b))
+    T = draw(st.integers(1, max_t))
+    pool = draw(st.lists(st.integers(-5, 40), min_size=1, max_size=3, unique=True))
+    group_ids = [draw(st.sampled_from(pool)) for _ in range(B)]
+    reward = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5]), st.floats(-5, 5))
+    if nan_rewards:
+        reward = st.one_of(reward, st.just(NAN))
+    rewards = [draw(reward) for _ in range(B)]
+    kinds = ["contiguous"] + (["holes"] if holes else []) + (["empty"] if empty_rows else [])
+    mask = []
+    for _ in range(B):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "contiguous":
+            L = draw(st.integers(1, T))
+            mask.append([1] * L + [0] * (T - L))
+        elif kind == "holes":
+            mask.append([int(b) for b in draw(st.lists(st.booleans(), min_size=T, max_size=T))])
+        else:
+            mask.append([0] * T)
+    proxy = [[draw(st.floats(proxy_min, 2.0)) for _ in range(T)] for _ in range(B)]
+    is_weights = None
+    if with_is_weights:
+        cols = draw(st.sampled_from([0, 1, T]))
+        if cols:
+            is_weights = [[draw(st.floats(min_rho, 3.0)) for _ in range(cols)] for _ in range(B)]
+    return dict(rewards=rewards, proxy=proxy, mask=mask, group_ids=group_ids, is_weights=is_weights)
+
+
+def as_tensors(x, dtype=torch.float64):
+    out = dict(
+        rewards=torch.tensor(x["rewards"], dtype=dtype),
+        proxy=torch.tensor(x["proxy"], dtype=dtype),
+        mask=torch.tensor(x["mask"], dtype=torch.bool),
+        group_ids=ids(x["group_ids"]),
+    )
+    if x["is_weights"] is not None:
+        out["is_weights"] = torch.tensor(x["is_weights"], dtype=dtype)
+    return out
+
+
+def call_otb(x, dtype=torch.float64, **options):
+    tensors = as_tensors(x, dtype)
+    return otb_advantages(
+        tensors["rewards"],
+        tensors["proxy"],
+        tensors["mask"],
+        tensors["group_ids"],
+        is_weights=tensors.get("is_weights"),
+        **options,
+    )
+
+
+def reward_scale(x):
+    finite = [abs(r) for r in x["rewards"] if math.isfinite(r)]
+    return 1.0 + max(finite, default=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# OTB: hand-computed cases
+# ----------------------------------------------------------------------------------------------
+
+
+def test_otb_two_members_hand_computed_with_tail_override():
+    # W0 = cumsum([.5, 1, .5]) = [.5, 1.5, 2];  W1 = cumsum([1, .5]) = [1, 1.5]  (row 1 has length 2)
+    # t=0: B = (1*.5 + 0*1) / 1.5 = 1/3      -> A0 = 2/3, A1 = -1/3
+    # t=1: B = (1*1.5 + 0*1.5) / 3 = 1/2     -> A0 = 1/2, A1 = -1/2
+    # t=2: only row 0 (unique longest, 3 > 2, t >= 2): tail="zero" sets B = 0 -> A0 = 1
+    rewards = t64([1.0, 0.0])
+    proxy = t64([[0.5, 1.0, 0.5], [1.0, 0.5, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]))
+    assert_close(adv, [[2 / 3, 0.5, 1.0], [-1 / 3, -0.5, 0.0]], atol=1e-7)
+    # tail="none": t=2 keeps B = 1*2 / (2 + 1e-8), so A0 = 1 - 2/(2+1e-8) = 5e-9.
+    adv_none = otb_advantages(rewards, proxy, mask, ids([0, 0]), tail="none")
+    assert_close(adv_none, [[2 / 3, 0.5, 0.0], [-1 / 3, -0.5, 0.0]], atol=1e-7)
+    assert adv_none[0, 2].item() == pytest.approx(1e-8 / (2 + 1e-8), rel=1e-6)
+
+
+def test_otb_three_members_and_singleton_hand_computed():
+    # group 3: rows 0, 1, 3; proxy all 1 so W_t = t + 1 on each active row; lengths 2, 2, 1.
+    # t=0: B = (2*1 + (-1)*1 + 0.5*1) / 3 = 0.5 -> A = 1.5, -1.5, 0
+    # t=1: rows 0, 1: B = (2*2 + (-1)*2) / 4 = 0.5 -> A = 1.5, -1.5   (longest tied: no override)
+    # group 9: row 2 alone -> baseline 0, A = R = 3 on its tokens.
+    rewards = t64([2.0, -1.0, 3.0, 0.5])
+    proxy = torch.ones(4, 2, dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 0]])
+    adv = otb_advantages(rewards, proxy, mask, ids([3, 3, 9, 3]))
+    assert_close(adv, [[1.5, 1.5], [-1.5, -1.5], [3.0, 0.0], [0.0, 0.0]], atol=1e-7)
+
+
+def test_otb_weights_pull_baseline_towards_high_energy_member():
+    # W0 = [2], W1 = [0.5]: B = (1*2 + 0*0.5) / 2.5 = 0.8 -> A = [0.2, -0.8]
+    adv = otb_advantages(t64([1.0, 0.0]), t64([[2.0], [0.5]]), torch.ones(2, 1), ids([0, 0]))
+    assert_close(adv, [[0.2], [-0.8]], atol=1e-7)
+
+
+def test_nan_reward_row_is_excluded_and_gets_zero_advantage():
+    # valid rows 0 and 2, W equal -> B = (1 + 0)/2 = 0.5 at both positions; row 1 (NaN) -> 0.
+    # group 5: the other member is NaN, so row 4 is a singleton -> A = R = 4.
+    rewards = t64([1.0, NAN, 0.0, NAN, 4.0])
+    proxy = torch.ones(5, 2, dtype=torch.float64)
+    mask = torch.ones(5, 2)
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0, 5, 5]))
+    assert_close(adv, [[0.5, 0.5], [0.0, 0.0], [-0.5, -0.5], [0.0, 0.0], [4.0, 4.0]], atol=1e-7)
+    assert torch.isfinite(adv).all()
+
+
+def test_empty_mask_row_is_excluded_from_its_group():
+    # Row 1 has no masked token: row 0 is the only valid member -> baseline 0, A = R = 1.
+    # (Counted as a member, row 0 would get B = 1*W/(W+eps) ~ 1 and A ~ 0.)
+    rewards = t64([1.0, 5.0])
+    adv = otb_advantages(rewards, torch.ones(2, 2, dtype=torch.float64), torch.tensor([[1, 1], [0, 0]]), ids([0, 0]))
+    assert_close(adv, [[1.0, 1.0], [0.0, 0.0]], atol=1e-12)
+
+
+def test_singleton_group_gets_zero_baseline():
+    adv = otb_advantages(t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]))
+    assert_close(adv, [[3.0, 3.0, 0.0]], atol=0, rtol=0)
+    for options in ({"tail": "none"}, {"leave_one_out": True}, {"align": "valid"}):
+        adv = otb_advantages(t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]), **options)
+        assert_close(adv, [[3.0, 3.0, 0.0]], atol=0, rtol=0)
+
+
+def test_group_ids_may_be_unsorted_and_non_contiguous():
+    # groups 7 = rows {0, 2}, -2 = rows {1, 3}; proxy 1, full length 1 -> plain means.
+    # group 7: B = (1 + 3)/2 = 2 -> A = -1, 1;  group -2: B = (10 + 0)/2 = 5 -> A = 5, -5
+    rewards = t64([1.0, 10.0, 3.0, 0.0])
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        adv = otb_advantages(
+            rewards, torch.ones(4, 1, dtype=torch.float64), torch.ones(4, 1), torch.tensor([7, -2, 7, -2], dtype=dtype)
+        )
+        assert_close(adv, [[-1.0], [5.0], [1.0], [-5.0]], atol=1e-6)
+
+
+def test_tail_ties_do_not_trigger_the_override():
+    # Position align, lengths (masked-token counts) 3 and 3: tied, so no override anywhere.
+    # W0 = [1, 2, -, 3], W1 = [1, 2, 3, -];  R = [1, 0]
+    # t=0, 1: B = 1*W/(2W) = 1/2            -> A0 = 1/2, A1 = -1/2
+    # t=2: row 1 alone (row 0 in a hole): B = 0*3/(3+eps) = 0 -> A1 = 0
+    # t=3: row 0 alone, not overridden: B = 3/(3+eps) -> A0 = 1 - 3/(3+1e-8) ~ 3.3e-9
+    rewards = t64([1.0, 0.0])
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0]])
+    adv = otb_advantages(rewards, torch.ones(2, 4, dtype=torch.float64), mask, ids([0, 0]), tail="zero")
+    assert_close(adv, [[0.5, 0.5, 0.0, 0.0], [-0.5, -0.5, 0.0, 0.0]], atol=1e-7)
+    assert adv[0, 3].item() == pytest.approx(1e-8 / (3 + 1e-8), rel=1e-6)
+
+
+def test_tail_lengths_count_masked_tokens_not_extent():
+    # Row 0: mask [1,0,0,1,1] -> length 3 (extent 5);  row 1: mask [1,1,1,1,0] -> length 4: unique longest.
+    # Second-longest length = 3, so row 1's baseline is 0 at t >= 3 (t = 3), even though row 0 is also active
+    # there; row 0 is not the longest, so at t=4 (alone) it keeps B = R0 W/(W+eps).
+    # proxy 1: W0 = [1,-,-,2,3], W1 = [1,2,3,4,-];  R = [2, 1]
+    # t=0: B = (2+1)/2 = 1.5 -> A0 = .5, A1 = -.5
+    # t=1, 2: row 1 alone (not past t>=3): B = 1*W/(W+eps) ~ 1 -> A1 ~ 0
+    # t=3: A1 = R1 = 1 (override);  row 0 sees B = (2*2 + 1*4)/6 = 4/3 -> A0 = 2/3
+    # t=4: row 0 alone: B = 2*3/(3+eps) -> A0 ~ 0
+    rewards = t64([2.0, 1.0])
+    mask = torch.tensor([[1, 0, 0, 1, 1], [1, 1, 1, 1, 0]])
+    adv = otb_advantages(rewards, torch.ones(2, 5, dtype=torch.float64), mask, ids([0, 0]))
+    expected = [[0.5, 0.0, 0.0, 2 / 3, 0.0], [-0.5, 0.0, 0.0, 1.0, 0.0]]
+    assert_close(adv, expected, atol=1e-7)
+
+
+def test_align_valid_compares_kth_masked_tokens_across_tool_holes():
+    # Row 0: mask [1,0,1,1] (hole at 1), proxy 1 -> W at its tokens (abs 0,2,3) = 1, 2, 3
+    # Row 1: mask [1,1,1,0], proxy [.5,.5,1]     -> W at abs 0,1,2 = .5, 1, 2;  R = [1, -1]
+    # align="valid":
+    #  k=0: B = (1*1 - 1*.5)/1.5 = 1/3 -> A0[0] = 2/3, A1[0] = -4/3
+    #  k=1: B = (1*2 - 1*1)/3   = 1/3 -> A0[2] = 2/3, A1[1] = -4/3
+    #  k=2: B = (1*3 - 1*2)/5   = 1/5 -> A0[3] = 4/5, A1[2] = -6/5
+    rewards = t64([1.0, -1.0])
+    proxy = t64([[1.0, 99.0, 1.0, 1.0], [0.5, 0.5, 1.0, 99.0]])
+    mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0]])
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="valid")
+    assert_close(adv, [[2 / 3, 0.0, 2 / 3, 0.8], [-4 / 3, -4 / 3, -1.2, 0.0]], atol=1e-7)
+    # align="position" on the same rows (lengths tie at 3: no override):
+    #  t=0: B = 1/3 -> 2/3, -4/3;  t=1: row 1 alone, B = -1*1/(1+eps) -> A1 ~ 0
+    #  t=2: W0 = 2, W1 = 2: B = 0 -> A0 = 1, A1 = -1;  t=3: row 0 alone, B ~ 1 -> A0 ~ 0
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="position")
+    assert_close(adv, [[2 / 3, 0.0, 1.0, 0.0], [-4 / 3, 0.0, -1.0, 0.0]], atol=1e-7)
+
+
+def test_align_valid_energy_is_scattered_back_to_original_positions():
+    # Same rows as above: energy lives at the original token positions, 0 in holes and padding.
+    rewards = t64([1.0, -1.0])
+    proxy = t64([[1.0, 99.0, 1.0, 1.0], [0.5, 0.5, 1.0, 99.0]])
+    mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0]])
+    terms = otb_terms(rewards, proxy, mask, ids([0, 0]), align="valid")
+    assert_close(terms.energy, [[1.0, 0.0, 2.0, 3.0], [0.5, 1.0, 2.0, 0.0]], atol=1e-12)
+    assert_close(terms.baseline, [[1 / 3, 0.0, 1 / 3, 0.2], [1 / 3, 1 / 3, 0.2, 0.0]], atol=1e-7)
+
+
+def test_is_weights_square_the_ratio_into_the_proxy():
+    # proxy 1, isw row 0 = [2, 1] -> w0 = [4, 1], W0 = [4, 5];  W1 = [1, 2];  R = [1, 0]
+    # t=0: B = 4/5 -> A = 0.2, -0.8;   t=1: B = 5/7 -> A = 2/7, -5/7
+    rewards = t64([1.0, 0.0])
+    proxy = torch.ones(2, 2, dtype=torch.float64)
+    adv = otb_advantages(rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0, 1.0], [1.0, 1.0]]))
+    assert_close(adv, [[0.2, 2 / 7], [-0.8, -5 / 7]], atol=1e-7)
+    # [B, 1] ratios broadcast over tokens: w0 = [4, 4], W0 = [4, 8];  t=1: B = 8/10 -> A = 0.2, -0.8
+    adv = otb_advantages(rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0], [1.0]]))
+    assert_close(adv, [[0.2, 0.2], [-0.8, -0.8]], atol=1e-7)
+
+
+def test_leave_one_out_uses_the_other_members_only():
+    # proxy 1; lengths 3, 2, 1; R = [1, 0, 2];  W_t = t + 1 on active rows.
+    # t=0: B^(-0) = (0 + 2)/2 = 1 -> A0 = 0;  B^(-1) = (1 + 2)/2 = 1.5 -> A1 = -1.5;  B^(-2) = (1 + 0)/2 = .5 -> A2 = 1.5
+    # t=1: B^(-0) = 0*2/2 = 0 -> A0 = 1;  B^(-1) = 1*2/2 = 1 -> A1 = -1
+    # t=2: row 0 alone, no other member -> B = 0 -> A0 = 1
+    rewards = t64([1.0, 0.0, 2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    adv = otb_advantages(rewards, torch.ones(3, 3, dtype=torch.float64), mask, ids([0, 0, 0]), leave_one_out=True)
+    assert_close(adv, [[0.0, 1.0, 1.0], [-1.5, -1.0, 0.0], [1.5, 0.0, 0.0]], atol=1e-7)
+
+
+def test_eps_is_added_to_the_denominator():
+    # W = [1], [1]; R = [1, 0]; eps = 1: B = 1/(2 + 1) -> A = 2/3, -1/3
+    adv = otb_advantages(
+        t64([1.0, 0.0]), torch.ones(2, 1, dtype=torch.float64), torch.ones(2, 1), ids([0, 0]), eps=1.0
+    )
+    assert_close(adv, [[2 / 3], [-1 / 3]], atol=1e-12)
+
+
+def test_zero_energy_positions_get_zero_baseline_from_eps():
+    # proxy 0 at t=0 for both rows: B_0 = 0/(0 + eps) = 0 -> A = R there; t=1: W = 1, 1 -> B = 0.5.
+    proxy = t64([[0.0, 1.0], [0.0, 1.0]])
+    adv = otb_advantages(t64([1.0, 0.0]), proxy, torch.ones(2, 2), ids([0, 0]))
+    assert_close(adv, [[1.0, 0.5], [0.0, -0.5]], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------
+# OTB: dtypes, mask types, extremes
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("proxy_dtype", "out_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_output_dtype_is_fp32_unless_proxy_is_fp64(proxy_dtype, out_dtype):
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    adv = otb_advantages(rewards, torch.ones(2, 2, dtype=proxy_dtype), torch.ones(2, 2), ids([0, 0]))
+    assert adv.dtype == out_dtype
+    assert_close(adv, [[0.5, 0.5], [-0.5, -0.5]], atol=1e-6)
+
+
+def test_mask_may_be_bool_int_or_float():
+    rewards = t64([1.0, 0.0, 2.0])
+    proxy = t64([[0.5, 1.0, 1.5], [1.0, 0.2, 0.3], [0.7, 0.7, 0.7]])
+    base = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 1]])
+    outs = [
+        otb_advantages(rewards, proxy, base.to(dt), ids([0, 0, 0])) for dt in (torch.bool, torch.int64, torch.float32)
+    ]
+    assert_close(outs[1], outs[0], atol=0, rtol=0)
+    assert_close(outs[2], outs[0], atol=0, rtol=0)
+    assert outs[0].abs().sum() > 0
+
+
+def test_huge_rewards_stay_finite_and_scale_linearly():
+    # A is linear in R: A(1e30 R) = 1e30 A(R).
+    rewards = torch.tensor([1.0, -2.0, 0.5])
+    proxy = torch.tensor([[1.9999999, 0.1, 1.0], [0.3, 1.9999999, 0.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    small = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]))
+    big = otb_advantages(rewards * 1e30, proxy, mask, ids([0, 0, 0]))
+    assert torch.isfinite(big).all()
+    assert_close(big / 1e30, small, atol=1e-5, rtol=1e-5)
+
+
+def test_tiny_proxy_stays_finite():
+    # W ~ 1e-30 << eps: B = (1e-30)/(2e-30 + 1e-8) ~ 1e-22 -> A ~ [1, -1e-22]
+    adv = otb_advantages(torch.tensor([1.0, 0.0]), torch.full((2, 1), 1e-30), torch.ones(2, 1), ids([0, 0]))
+    assert torch.isfinite(adv).all()
+    assert_close(adv, [[1.0], [0.0]], atol=1e-12, rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="eps=0 is accepted but 0/0 at positions no member reaches gives NaN")
+def test_eps_zero_gives_finite_output_or_a_clear_error():
+    # Row 1 ends at t=1, row 0 at t=2: at t=2 of row 1 (padding) nothing should leak.
+    rewards = torch.tensor([1.0, 0.0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    try:
+        adv = otb_advantages(rewards, torch.ones(2, 3), mask, ids([0, 0]), eps=0.0)
+    except ValueError:
+        return
+    # W0 = [1, 2], W1 = [1]: t=0: B = 1/2; t=1: row 0 unique longest past length 1 -> B = 0.
+    assert_close(adv, [[0.5, 1.0, 0.0], [-0.5, 0.0, 0.0]], atol=1e-7)
+
+
+@pytest.mark.xfail(strict=True, reason="is_weights at masked-out tokens are multiplied into w (0 * inf = NaN)")
+@pytest.mark.parametrize("estimator", ["otb", "ogb"])
+@pytest.mark.parametrize("junk", [1e20, float("inf"), NAN])
+def test_is_weights_at_masked_out_tokens_are_ignored(estimator, junk):
+    # The validator only checks is_weights on masked-in tokens, so values elsewhere must not matter
+    # (as for the proxy); rejecting them with a ValueError would also be acceptable.
+    rewards = torch.tensor([1.0, 0.0])
+    proxy = torch.ones(2, 3)
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0]])
+    clean = torch.ones(2, 3)
+    dirty = clean.clone()
+    dirty[0, 1] = junk  # a hole inside row 0
+    dirty[1, 2] = junk  # padding of row 1
+    expected = compute_advantages(estimator, rewards, proxy, mask, ids([0, 0]), is_weights=clean)
+    try:
+        adv = compute_advantages(estimator, rewards, proxy, mask, ids([0, 0]), is_weights=dirty)
+    except ValueError:
+        return
+    assert_close(adv, expected, atol=1e-7)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="finite rewards near the fp32 range overflow in R * W (contract: finite output)"
+)
+@pytest.mark.parametrize(
+    "rewards",
+    [torch.tensor([1e38, 0.0]), torch.tensor([-3e38, 3e38]), torch.tensor([1e300, 0.0], dtype=torch.float64)],
+    ids=["1e38", "pm3e38", "fp64-1e300-with-fp32-proxy"],
+)
+def test_finite_extreme_rewards_give_finite_output_or_a_clear_error(rewards):
+    try:
+        adv = otb_advantages(rewards, torch.full((2, 3), 2.0), torch.ones(2, 3), ids([0, 0]))
+    except ValueError:
+        return
+    assert torch.isfinite(adv).all()
+
+
+def test_empty_batch_and_zero_length_completions():
+    adv = otb_advantages(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3), ids([]))
+    assert adv.shape == (0, 3)
+    adv = otb_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, 0), torch.zeros(2, 0), ids([0, 0]))
+    assert adv.shape == (2, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# OTB: bad inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def good_inputs():
+    return dict(rewards=torch.tensor([1.0, 0.0]), proxy=torch.ones(2, 3), mask=torch.ones(2, 3), group_ids=ids([0, 0]))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("proxy", torch.ones(6), "proxy"),
+        ("mask", torch.ones(2, 4), "mask"),
+        ("rewards", torch.ones(2, 1), "rewards"),
+        ("rewards", torch.ones(3), "rewards"),
+        ("group_ids", ids([0, 0, 0]), "group_ids"),
+        ("group_ids", torch.tensor([0.0, 0.0]), "group_ids"),
+        ("group_ids", torch.tensor([True, True]), "group_ids"),
+        ("proxy", torch.ones(2, 3, dtype=torch.long), "proxy"),
+        ("proxy", torch.tensor([[1.0, -0.1, 1.0], [1.0, 1.0, 1.0]]), "proxy"),
+        ("proxy", torch.tensor([[1.0, NAN, 1.0], [1.0, 1.0, 1.0]]), "proxy"),
+        ("proxy", torch.tensor([[1.0, 1.0, 1.0], [float("inf"), 1.0, 1.0]]), "proxy"),
+    ],
+)
+def test_bad_inputs_raise_a_clear_value_error(field, value, match):
+    inputs = good_inputs()
+    inputs[field] = value
+    with pytest.raises(ValueError, match=match):
+        otb_advantages(**inputs)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "match"),
+    [
+        ("tail", "carry", "tail"),
+        ("align", "turns", "align"),
+        ("eps", -1e-8, "eps"),
+        ("is_weights", torch.ones(2), "is_weights"),
+        ("is_weights", torch.ones(2, 2), "is_weights"),
+        ("is_weights", torch.ones(3, 3), "is_weights"),
+        ("is_weights", torch.tensor([[1.0, -1.0, 1.0], [1.0, 1.0, 1.0]]), "is_weights"),
+        ("is_weights", torch.tensor([[1.0, NAN, 1.0], [1.0, 1.0, 1.0]]), "is_weights"),
+    ],
+)
+def test_bad_options_raise_a_clear_value_error(option, value, match):
+    with pytest.raises(ValueError, match=match):
+        otb_advantages(**good_inputs(), **{option: value})
+
+
+def test_bad_proxy_outside_the_mask_is_ignored():
+    # Negative, NaN, inf proxy on masked-out tokens: ignored (OTB.md §2).
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    clean = otb_advantages(torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]))
+    dirty_proxy = torch.tensor([[1.0, 1.0, -5.0], [1.0, NAN, float("inf")]])
+    dirty = otb_advantages(torch.tensor([1.0, 0.0]), dirty_proxy, mask, ids([0, 0]))
+    assert_close(dirty, clean, atol=0, rtol=0)
+    assert_close(clean, [[0.5, 1.0, 0.0], [-0.5, 0.0, 0.0]], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------
+# OTB against the reference, and its laws (hypothesis)
+# ----------------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(),
+    tail=st.sampled_from(["zero", "none"]),
+    align=st.sampled_from(["position", "valid"]),
+    leave_one_out=st.booleans(),
+    eps=st.sampled_from([1e-8, 1e-3, 0.5]),
+)
+def test_otb_matches_loop_reference_fp64(x, tail, align, leave_one_out, eps):
+    options = dict(tail=tail, align=align, leave_one_out=leave_one_out, eps=eps)
+    adv = call_otb(x, **options)
+    expected, _ = reference_otb(**x, **options)
+    assert adv.dtype == torch.float64
+    scale = reward_scale(x)
+    assert_close(adv, expected, atol=1e-9 * scale, rtol=1e-9)
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(),
+    tail=st.sampled_from(["zero", "none"]),
+    align=st.sampled_from(["position", "valid"]),
+    leave_one_out=st.booleans(),
+)
+def test_otb_matches_loop_reference_fp32(x, tail, align, leave_one_out):
+    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+    adv = call_otb(x, dtype=torch.float32, **options)
+    expected, _ = reference_otb(**x, **options)
+    assert adv.dtype == torch.float32
+    assert torch.isfinite(adv).all()
+    assert_close(adv, expected, atol=2e-5 * reward_scale(x), rtol=1e-4)
+
+
+@SETTINGS
+@given(x=otb_inputs(), tail=st.sampled_from(["zero", "none"]), align=st.sampled_from(["position", "valid"]))
+def test_weighted_centring_at_every_shared_position(x, tail, align):
+    tensors = as_tensors(x)
+    terms = otb_terms(**tensors, tail=tail, align=align)
+    _, forced = reference_otb(**x, tail=tail, align=align)
+    B = len(x["rewards"])
+    T = len(x["mask"][0])
+    valid = [math.isfinite(x["rewards"][i]) and any(x["mask"][i]) for i in range(B)]
+    pos = [aligned_positions(x["mask"][i], align) for i in range(B)]
+    checked = 0
+    for g in set(x["group_ids"]):
+        members = [i for i in range(B) if x["group_ids"][i] == g and valid[i]]
+        for c in range(T):
+            active = [i for i in members if c in pos[i]]
+            if len(active) < 2 or any(forced[i][pos[i][c]] for i in active):
+                continue
+            total = sum(terms.energy[i, pos[i][c]] * terms.advantages[i, pos[i][c]] for i in active)
+            # sum_i W A = sum W R * eps / (sum W + eps), at most eps * max|R|
+            assert abs(float(total)) <= 1e-8 * reward_scale(x) + 1e-12
+            checked += 1
+    # Energy and advantages vanish off the mask.
+    off = ~tensors["mask"] | ~torch.tensor(valid)[:, None]
+    assert (terms.advantages[off] == 0).all() and (terms.energy[off] == 0).all()
+    assert checked >= 0
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(2, 4), min_size=1, max_size=3),
+    L=st.integers(1, 5),
+    w=st.floats(0.01, 2.0),
+    data=st.data(),
+)
+def test_equal_weights_and_lengths_give_the_group_mean(sizes, L, w, data):
+    group_ids = [g for g, n in enumerate(sizes) for _ in range(n)]
+    B = len(group_ids)
+    rewards = torch.tensor(data.draw(st.lists(st.floats(-5, 5), min_size=B, max_size=B)), dtype=torch.float64)
+    T = L + data.draw(st.integers(0, 2))
+    mask = torch.zeros(B, T)
+    mask[:, :L] = 1
+    proxy = torch.full((B, T), w, dtype=torch.float64)
+    otb = otb_advantages(rewards, proxy, mask, ids(group_ids))
+    grpo = grpo_advantages(rewards, proxy, mask, ids(group_ids), scale="none")
+    # by hand: mean per group
+    expected = torch.zeros(B, T, dtype=torch.float64)
+    for g in set(group_ids):
+        rows = [i for i in range(B) if group_ids[i] == g]
+        mean = sum(float(rewards[i]) for i in rows) / len(rows)
+        for i in rows:
+            expected[i, :L] = float(rewards[i]) - mean
+    assert_close(otb, expected, atol=1e-6, rtol=1e-6)
+    assert_close(grpo, expected, atol=1e-12, rtol=1e-9)
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(),
+    extra=st.integers(1, 4),
+    tail=st.sampled_from(["zero", "none"]),
+    align=st.sampled_from(["position", "valid"]),
+    leave_one_out=st.booleans(),
+)
+def test_extra_right_padding_changes_nothing(x, extra, tail, align, leave_one_out):
+    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+    tensors = as_tensors(x)
+    adv = otb_advantages(**tensors, **options)
+    B = tensors["proxy"].shape[0]
+    padded = dict(tensors)
+    padded["proxy"] = torch.cat([tensors["proxy"], torch.full((B, extra), NAN, dtype=torch.float64)], dim=1)
+    padded["mask"] = torch.cat([tensors["mask"], torch.zeros(B, extra, dtype=torch.bool)], dim=1)
+    if "is_weights" in tensors and tensors["is_weights"].shape[1] > 1:
+        padded["is_weights"] = torch.cat([tensors["is_weights"], torch.ones(B, extra, dtype=torch.float64)], dim=1)
+    adv_padded = otb_advantages(**padded, **options)
+    assert_close(adv_padded[:, : adv.shape[1]], adv, atol=1e-12, rtol=1e-12)
+    assert (adv_padded[:, adv.shape[1] :] == 0).all()
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(),
+    data=st.data(),
+    tail=st.sampled_from(["zero", "none"]),
+    align=st.sampled_from(["position", "valid"]),
+    leave_one_out=st.booleans(),
+)
+def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, tail, align, leave_one_out):
+    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+    tensors = as_tensors(x)
+    B = len(x["rewards"])
+    perm = torch.tensor(data.draw(st.permutations(range(B))), dtype=torch.long)
+    adv = otb_advantages(**tensors, **options)
+    permuted = {k: v[perm] for k, v in tensors.items()}
+    adv_perm = otb_advantages(**permuted, **options)
+    assert_close(adv_perm, adv[perm], atol=1e-9 * reward_scale(x), rtol=1e-9)
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(proxy_min=0.05, min_rho=0.5),
+    c=st.floats(-10, 10),
+    tail=st.sampled_from(["zero", "none"]),
+    align=st.sampled_from(["position", "valid"]),
+    leave_one_out=st.booleans(),
+)
+def test_shift_invariance_except_where_baseline_is_forced_to_zero(x, c, tail, align, leave_one_out):
+    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+    adv = call_otb(x, **options)
+    shifted = dict(x, rewards=[r + c for r in x["rewards"]])
+    adv_shifted = call_otb(shifted, **options)
+    _, forced = reference_otb(**x, **options)
+    valid = torch.tensor([math.isfinite(r) and any(m) for r, m in zip(x["rewards"], x["mask"])])
+    active = torch.tensor(x["mask"], dtype=torch.bool) & valid[:, None]
+    forced = torch.tensor(forced, dtype=torch.bool)
+    # A(R + c) - A(R) = c where the baseline is forced to 0, c*eps/(W + eps) ~ 0 elsewhere, 0 off the mask.
+    expected = torch.where(forced & active, c, 0.0).to(torch.float64)
+    assert_close(adv_shifted - adv, expected, atol=1e-6, rtol=0)
+
+
+@SETTINGS
+@given(sizes=st.lists(st.integers(2, 5), min_size=1, max_size=3), data=st.data())
+def test_rloo_is_n_over_n_minus_one_times_unscaled_grpo(sizes, data):
+    group_ids = [g * 3 + 1 for g, n in enumerate(sizes) for _ in range(n)]
+    perm = data.draw(st.permutations(range(len(group_ids))))
+    group_ids = [group_ids[p] for p in perm]
+    B = len(group_ids)
+    rewards = torch.tensor(data.draw(st.lists(st.floats(-5, 5), min_size=B, max_size=B)), dtype=torch.float64)
+    T = 4
+    lengths = data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B))
+    mask = torch.tensor([[1] * L + [0] * (T - L) for L in lengths])
+    proxy = torch.rand(B, T, dtype=torch.float64)
+    n = torch.tensor([group_ids.count(g) for g in group_ids], dtype=torch.float64)
+    rloo = rloo_advantages(rewards, proxy, mask, ids(group_ids))
+    grpo = grpo_advantages(rewards, proxy, mask, ids(group_ids), scale="none")
+    assert_close(rloo, (n / (n - 1))[:, None] * grpo, atol=1e-10, rtol=1e-10)
+
+
+@SETTINGS
+@given(x=otb_inputs(with_is_weights=False), align=st.sampled_from(["position", "valid"]))
+def test_uniform_proxy_gives_the_active_set_mean(x, align):
+    # With w = 1, W_t is the count of masked tokens so far: equal across members at an aligned
+    # position when the masks are contiguous (position) or always (valid).
+    if align == "position":
+        x = dict(x, mask=[[1] * sum(m) + [0] * (len(m) - sum(m)) for m in x["mask"]])
+    tensors = as_tensors(x)
+    proxy = uniform_proxy(tensors["mask"]).double()
+    adv = otb_advantages(tensors["rewards"], proxy, tensors["mask"], tensors["group_ids"], tail="none", align=align)
+    B, T = proxy.shape
+    R = x["rewards"]
+    valid = [math.isfinite(R[i]) and any(x["mask"][i]) for i in range(B)]
+    pos = [aligned_positions(x["mask"][i], align) for i in range(B)]
+    expected = torch.zeros(B, T, dtype=torch.float64)
+    for g in set(x["group_ids"]):
+        members = [i for i in range(B) if x["group_ids"][i] == g and valid[i]]
+        for c in range(T):
+            active = [i for i in members if c in pos[i]]
+            mean = 0.0 if len(members) == 1 else sum(R[i] for i in active) / max(len(active), 1)
+            for i in active:
+                expected[i, pos[i][c]] = R[i] - mean
+    assert_close(adv, expected, atol=1e-7 * reward_scale(x), rtol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequence-level baselines: hand-computed
+# ----------------------------------------------------------------------------------------------
+
+# Group 0: R = [1, 2, 3] (mean 2, centred [-1, 0, 1], Bessel std 1);
+# group 1: R = [0, 6] (mean 3, centred [-3, 3], Bessel std sqrt(18)).
+# Batch: R = [1, 2, 3, 0, 6], mean 2.4; squares of (R - 2.4): 1.96 + .16 + .36 + 5.76 + 12.96 = 21.2,
+# Bessel var 21.2 / 4 = 5.3.
+SEQ_REWARDS = t64([1.0, 2.0, 3.0, 0.0, 6.0])
+SEQ_GROUPS = ids([0, 0, 0, 1, 1])
+SEQ_MASK = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1], [1, 0]])
+SEQ_PROXY = torch.ones(5, 2, dtype=torch.float64)
+
+
+def on_tokens(per_row, mask=SEQ_MASK):
+    return torch.tensor(per_row, dtype=torch.float64)[:, None] * mask.double()
+
+
+def test_grpo_unscaled_is_the_group_mean_baseline():
+    adv = grpo_advantages(SEQ_REWARDS, SEQ_PROXY, SEQ_MASK, SEQ_GROUPS, scale="none")
+    assert_close(adv, on_tokens([-1.0, 0.0, 1.0, -3.0, 3.0]), atol=1e-12)
+
+
+def test_grpo_group_scale_divides_by_group_std_plus_1e_4():
+    adv = grpo_advantages(SEQ_REWARDS, SEQ_PROXY, SEQ_MASK, SEQ_GROUPS, scale="group")
+    s1 = math.sqrt(18.0) + 1e-4
+    assert_close(adv, on_tokens([-1 / 1.0001, 0.0, 1 / 1.0001, -3 / s1, 3 / s1]), atol=1e-12)
+
+
+def test_grpo_batch_scale_divides_group_centred_rewards_by_batch_std():
+    adv = grpo_advantages(SEQ_REWARDS, SEQ_PROXY, SEQ_MASK, SEQ_GROUPS, scale="batch")
+    s = math.sqrt(5.3) + 1e-4
+    assert_close(adv, on_tokens([-1 / s, 0.0, 1 / s, -3 / s, 3 / s]), atol=1e-12)
+
+
+def test_grpo_excludes_nan_rewards_but_counts_empty_completions_like_trl():
+    # group 0: R = [1, NaN, 3 (empty mask)] -> mean over finite = 2: A = [-1, 0, 0 (no tokens)]
+    # group 1: R = [NaN, 5] -> single finite reward -> A = 5 - 5 = 0.
+    rewards = t64([1.0, NAN, 3.0, NAN, 5.0])
+    mask = torch.tensor([[1, 1], [1, 1], [0, 0], [1, 1], [1, 0]])
+    adv = grpo_advantages(rewards, torch.ones(5, 2), mask, ids([0, 0, 0, 1, 1]), scale="none")
+    assert_close(adv.double(), [[-1.0, -1.0], [0, 0], [0, 0], [0, 0], [0, 0]], atol=1e-6)
+    for scale in ("group", "batch"):
+        adv = grpo_advantages(rewards, torch.ones(5, 2), mask, ids([0, 0, 0, 1, 1]), scale=scale)
+        assert torch.isfinite(adv).all()
+        assert adv[1].abs().sum() == 0 and adv[3:].abs().sum() == 0
+
+
+def test_grpo_rejects_unknown_scale():
+    with pytest.raises(ValueError, match="scale"):
+        grpo_advantages(SEQ_REWARDS, SEQ_PROXY, SEQ_MASK, SEQ_GROUPS, scale="std")
+
+
+def test_rloo_hand_computed():
+    # group 0: b = [(2+3)/2, (1+3)/2, (1+2)/2] = [2.5, 2, 1.5] -> A = [-1.5, 0, 1.5]
+    # group 1: b = [6, 0] -> A = [-6, 6]
+    adv = rloo_advantages(SEQ_REWARDS, SEQ_PROXY, SEQ_MASK, SEQ_GROUPS)
+    assert_close(adv, on_tokens([-1.5, 0.0, 1.5, -6.0, 6.0]), atol=1e-12)
+
+
+def test_rloo_excludes_invalid_rows_and_singletons_get_zero_baseline():
+    # group 0: rows 0, 2 valid (row 1 NaN, row 3 empty) -> b0 = 4, b2 = 1 -> A = [-3, 0, 3, 0]
+    # group 8: row 4 alone -> A = 5
+    rewards = t64([1.0, NAN, 4.0, 7.0, 5.0])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [0, 0], [1, 1]])
+    adv = rloo_advantages(rewards, torch.ones(5, 2), mask, ids([0, 0, 0, 0, 8]))
+    assert_close(adv.double(), [[-3.0, -3.0], [0, 0], [3.0, 0], [0, 0], [5.0, 5.0]], atol=1e-6)
+
+
+def test_opo_is_the_length_weighted_mean_counting_masked_tokens():
+    # lengths: row 0 mask [1,0,1] -> 2 (holes do not count), row 1 -> 3, row 2 -> 1; R = [1, 0, 2]
+    # b = (2*1 + 3*0 + 1*2) / 6 = 2/3 -> A = [1/3, -2/3, 4/3];  group 4: row 3 alone -> A = 9
+    rewards = t64([1.0, 0.0, 2.0, 9.0])
+    mask = torch.tensor([[1, 0, 1], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    adv = opo_advantages(rewards, torch.ones(4, 3), mask, ids([0, 0, 0, 4]))
+    assert_close(adv.double(), on_tokens([1 / 3, -2 / 3, 4 / 3, 9.0], mask), atol=1e-6)
+
+
+def test_opo_excludes_nan_rows():
+    # row 1 NaN: b = (1*1 + 3*0) / 4 = 1/4 -> A = [3/4, 0, -1/4]
+    rewards = t64([1.0, NAN, 0.0])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    adv = opo_advantages(rewards, torch.ones(3, 3), mask, ids([0, 0, 0]))
+    assert_close(adv.double(), on_tokens([0.75, 0.0, -0.25], mask), atol=1e-6)
+
+
+def test_ogb_is_the_energy_weighted_sequence_mean():
+    # W0 = .5 + .5 = 1 (t=2 masked out), W1 = 1 + 2 + .5 = 3.5; R = [1, 0]
+    # b = 1 / 4.5 = 2/9 -> A = [7/9, -2/9];  group 2: row 2 alone -> A = -3
+    rewards = t64([1.0, 0.0, -3.0])
+    proxy = t64([[0.5, 0.5, 9.0], [1.0, 2.0, 0.5], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    adv = ogb_advantages(rewards, proxy, mask, ids([0, 0, 2]))
+    assert_close(adv, on_tokens([7 / 9, -2 / 9, -3.0], mask), atol=1e-7)
+    # is_weights [2, 1, 1] on row 0: W0 = .5*4 + .5 = 2.5 -> b = 2.5/6 = 5/12 -> A = [7/12, -5/12]
+    isw = t64([[2.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    adv = ogb_advantages(rewards, proxy, mask, ids([0, 0, 2]), is_weights=isw)
+    assert_close(adv, on_tokens([7 / 12, -5 / 12, -3.0], mask), atol=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "opo", "ogb"])
+def test_sequence_estimators_are_constant_on_tokens_and_zero_off_mask(estimator):
+    mask = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
+    adv = compute_advantages(
+        estimator, t64([1.0, 0.0, 0.5]), torch.rand(3, 4, dtype=torch.float64), mask, ids([0, 0, 0])
+    )
+    assert (adv[mask == 0] == 0).all()
+    for i in range(3):
+        on = adv[i][mask[i].bool()]
+        assert torch.allclose(on, on[0].expand_as(on))
+    assert adv.abs().sum() > 0
+
+
+def test_otb_uniform_proxy_equals_opo_on_a_single_token_each():
+    # T = 1: W = 1 for every member, lengths 1: OTB, OPO, OGB(w=1) and GRPO all give R - mean.
+    rewards = t64([3.0, 1.0, 2.0])
+    mask = torch.ones(3, 1)
+    proxy = torch.ones(3, 1, dtype=torch.float64)
+    for estimator in ("otb", "grpo", "opo", "ogb"):
+        adv = compute_advantages(estimator, rewards, proxy, mask, ids([0, 0, 0]))
+        assert_close(adv.double(), [[1.0], [-1.0], [0.0]], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------
+# compute_advantages dispatch
+# ----------------------------------------------------------------------------------------------
+
+
+def test_unknown_estimator_names_the_choices():
+    with pytest.raises(ValueError) as info:
+        compute_advantages("ppo", **good_inputs())
+    for name in ("otb", "grpo", "rloo", "opo", "ogb"):
+        assert name in str(info.value)
+
+
+def test_unknown_option_is_an_error():
+    with pytest.raises((TypeError, ValueError), match="bogus"):
+        compute_advantages("otb", **good_inputs(), bogus=1)
+
+
+def test_dispatch_forwards_each_estimators_own_options():
+    x = dict(
+        rewards=t64([1.0, 0.0, 2.0]),
+        proxy=t64([[0.5, 1.0, 0.2], [1.0, 1.0, 1.0], [2.0, 0.1, 0.3]]),
+        mask=torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 1]]),
+        group_ids=ids([0, 0, 0]),
+    )
+    isw = t64([[1.5], [1.0], [0.5]])
+    got = compute_advantages("otb", **x, tail="none", align="valid", leave_one_out=True, eps=1e-3, is_weights=isw)
+    want = otb_advantages(**x, tail="none", align="valid", leave_one_out=True, eps=1e-3, is_weights=isw)
+    assert_close(got, want, atol=0, rtol=0)
+    got = compute_advantages("grpo", **x, scale="group", tail="none")  # tail is OTB's: not passed to GRPO
+    assert_close(got, grpo_advantages(**x, scale="group"), atol=0, rtol=0)
+    got = compute_advantages("ogb", **x, is_weights=isw, eps=1e-3, scale="group")
+    assert_close(got, ogb_advantages(**x, is_weights=isw, eps=1e-3), atol=0, rtol=0)
+    # the options actually change the result
+    assert not torch.allclose(compute_advantages("otb", **x), want)
