@@ -65,16 +65,56 @@ def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None):
     if not proxy.dtype.is_floating_point:
         raise ValueError(f"proxy must be a float tensor, got {proxy.dtype}.")
     m = mask.bool()
-    if B and not torch.isfinite(proxy[m]).all():
-        raise ValueError("proxy has non-finite values on masked-in tokens; check the log-probs it was built from.")
-    if B and (proxy[m] < 0).any():
+    if B and T and _bad_on_mask(proxy, m):
+        if (m & ~torch.isfinite(proxy)).any():
+            raise ValueError("proxy has non-finite values on masked-in tokens; check the log-probs it was built from.")
         raise ValueError("proxy must be >= 0 on masked-in tokens (w_t is a squared norm).")
     if is_weights is not None:
         if is_weights.dim() != 2 or is_weights.shape[0] != B or is_weights.shape[1] not in (1, T):
             raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
-        isw = is_weights.expand(B, T)
-        if B and (~torch.isfinite(isw[m]) | (isw[m] < 0)).any():
+        if B and T and _bad_on_mask(is_weights, m):
             raise ValueError("is_weights must be finite and >= 0 on masked-in tokens (clipped importance ratios).")
+
+
+def _bad_on_mask(x: torch.Tensor, m: torch.Tensor) -> bool:
+    """Whether any masked-in value of ``x`` is negative, NaN or infinite.
+
+    Two passes (a select and a fused min/max, which propagates NaN) rather than boolean indexing
+    (``x[m]`` costs a nonzero and a gather): this runs on every training step.
+    """
+    lo, hi = torch.aminmax(torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)))
+    return not bool((lo >= 0) & (hi < float("inf")))
+
+
+def _safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, and 0 where den is 0 (then no member carries energy, so num is 0 too)."""
+    return num / torch.where(den == 0, torch.ones_like(den), den)
+
+
+def _check_reward_range(rewards: torch.Tensor, dtype: torch.dtype) -> None:
+    # R * W must stay finite in the compute dtype: W <= 2T, summed over a group.
+    limit = 1e32 if dtype == torch.float32 else 1e300
+    finite = rewards[torch.isfinite(rewards)]
+    if finite.numel() and finite.abs().max() > limit:
+        raise ValueError(
+            f"rewards reach {finite.abs().max().item():.3g}, beyond what {dtype} advantages can hold ({limit:g}); "
+            "rescale the rewards."
+        )
+
+
+def _token_weights(proxy, m, is_weights, dtype) -> torch.Tensor:
+    """w_t on masked-in tokens (times rho_bar_t^2 with importance weights), 0 elsewhere.
+
+    Selects rather than multiplies, so values on masked-out tokens (inf, NaN) never reach the sums.
+    """
+    zero = torch.zeros((), dtype=dtype, device=proxy.device)
+    w = proxy.to(dtype)
+    if is_weights is not None:
+        w = w * is_weights.to(dtype).expand_as(w) ** 2
+    w = torch.where(m, w, zero)
+    if is_weights is not None and w.numel() and _bad_on_mask(w, m):
+        raise ValueError("proxy * is_weights**2 overflows; clip the importance ratios (e.g. to <= 10).")
+    return w
 
 
 def _valid_rows(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -137,48 +177,50 @@ def otb_terms(
         raise ValueError(f"eps must be >= 0, got {eps}.")
     _check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
+    _check_reward_range(rewards, dtype)
     B, T = proxy.shape
     valid = _valid_rows(rewards, mask)
     m = mask.bool() & valid[:, None]
-    R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
-    w = torch.where(m, proxy.to(dtype), torch.zeros((), dtype=dtype, device=proxy.device))
-    if is_weights is not None:
-        w = w * is_weights.to(dtype).expand(B, T) ** 2
+    zero = torch.zeros((), dtype=dtype, device=proxy.device)
+    R = torch.where(valid, rewards.to(dtype), zero)
+    w = _token_weights(proxy, m, is_weights, dtype)
 
     if align == "valid":
         w, index = _left_compact(w, m)
         lengths = m.sum(dim=1)
         m = torch.arange(T, device=m.device)[None, :] < lengths[:, None]
-    energy = torch.cumsum(w, dim=1)
-    mf = m.to(dtype)
-    Wm = energy * mf
+    # Selects (torch.where) rather than multiplications by a float mask: one pass each, no mask cast.
+    energy = torch.where(m, torch.cumsum(w, dim=1), zero)
 
     gid, G = _group_index(group_ids)
     if leave_one_out:
         # Sums in fp64 so that subtracting a member's own share does not cancel catastrophically.
-        num = _group_sum((R[:, None] * Wm).double(), gid, G)[gid] - (R[:, None] * Wm).double()
-        den = _group_sum(Wm.double(), gid, G)[gid] - Wm.double()
+        mf = m.to(dtype)
+        num = _group_sum((R[:, None] * energy).double(), gid, G)[gid] - (R[:, None] * energy).double()
+        den = _group_sum(energy.double(), gid, G)[gid] - energy.double()
         others = _group_sum(mf, gid, G)[gid] - mf
-        baseline = torch.where(others > 0, num / (den + eps), torch.zeros_like(num)).to(dtype)
+        baseline = torch.where(others > 0, _safe_divide(num, den + eps), torch.zeros_like(num)).to(dtype)
     else:
-        num = _group_sum(R[:, None] * Wm, gid, G)
-        den = _group_sum(Wm, gid, G)
-        baseline = (num / (den + eps))[gid]
-        n_valid = _group_sum(valid.to(dtype), gid, G)[gid]
-        baseline = torch.where(n_valid[:, None] == 1, torch.zeros_like(baseline), baseline)
+        num = _group_sum(R[:, None] * energy, gid, G)
+        den = _group_sum(energy, gid, G)
+        n_valid = _group_sum(valid.to(dtype), gid, G)
+        # Per group ([G, T]) before broadcasting to rows: a singleton group's baseline is 0.
+        group_baseline = torch.where(n_valid[:, None] == 1, zero, _safe_divide(num, den + eps))
+        baseline = group_baseline[gid]
         if tail == "zero":
             lengths = m.sum(dim=1).to(dtype)
             longest = _group_max(lengths, gid, G)[gid]
             is_longest = valid & (lengths == longest)
             unique_longest = _group_sum(is_longest.to(dtype), gid, G)[gid] == 1
             second = _group_max(torch.where(is_longest, torch.zeros_like(lengths), lengths), gid, G)[gid]
-            past_second = torch.arange(T, device=m.device, dtype=dtype)[None, :] >= second[:, None]
-            alone = (is_longest & unique_longest)[:, None] & past_second
-            baseline = torch.where(alone, torch.zeros_like(baseline), baseline)
+            # At most one row per group is alone at its tail: edit those rows only.
+            rows = torch.nonzero(is_longest & unique_longest).squeeze(1)
+            if rows.numel():
+                positions = torch.arange(T, device=m.device, dtype=dtype)[None, :]
+                baseline[rows] = torch.where(positions >= second[rows, None], zero, baseline[rows])
 
-    baseline = baseline * mf
-    advantages = (R[:, None] - baseline) * mf
-    energy = energy * mf
+    baseline = torch.where(m, baseline, zero)
+    advantages = torch.where(m, R[:, None] - baseline, zero)
     if align == "valid":
         advantages, baseline, energy = (_scatter_back(x, index) for x in (advantages, baseline, energy))
     return OTBTerms(advantages=advantages, baseline=baseline, energy=energy)
@@ -335,10 +377,7 @@ def ogb_advantages(rewards, proxy, mask, group_ids, *, eps: float = 1e-8, is_wei
     _check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
     valid = _valid_rows(rewards, mask)
-    m = mask.bool()
-    w = torch.where(m, proxy.to(dtype), torch.zeros((), dtype=dtype, device=proxy.device))
-    if is_weights is not None:
-        w = w * is_weights.to(dtype).expand_as(w) ** 2
+    w = _token_weights(proxy, mask.bool(), is_weights, dtype)
     baseline = _weighted_group_baseline(rewards, w.sum(dim=1), group_ids, valid, dtype, eps=eps)
     return _sequence_advantages(rewards, baseline, mask, valid, dtype)
 
