@@ -1,0 +1,170 @@
+"""Wall time of the advantage estimators against a minimal floor, from 0.1M to 8.4M tokens.
+
+    python benchmarks/advantages_speed.py            # 128 prompts x 8 completions x T in {128, 512, 2048, 8192}
+    python benchmarks/advantages_speed.py --quick    # small sizes, a few seconds
+
+OTB runs with its full contract switched on: ``tail="zero"``, some NaN rewards, ragged lengths and
+``is_weights``. The floor is the least work any position-aligned weighted-mean baseline must do on the
+same tensors (mask the proxy, cumulative sum, two group sums, one division, one subtraction), written
+below with groups assumed contiguous and equal-sized (a reshape instead of a scatter), no validation and
+no edge cases. The clock is this process's CPU time on one thread (``--threads 1``), which other jobs
+on a shared machine cannot inflate the way they inflate wall time (wall time is recorded too). Each repeat times every estimator once, in a fresh random order (interleaved), so machine
+load hits all of them alike; the JSON holds every repeat, the medians and the median of the per-repeat
+ratios to the floor. Writes ``advantages_speed.json`` and ``advantages_speed.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from trl_otb.baselines import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
+
+FULL_SIZES = [(128, 8, 128), (128, 8, 512), (128, 8, 2048), (128, 8, 8192)]
+QUICK_SIZES = [(16, 8, 64), (16, 8, 256), (32, 8, 512)]
+
+
+def floor_advantages(rewards, proxy, mask, num_prompts, group_size):
+    """Minimal position-aligned weighted-mean baseline: contiguous equal groups, finite rewards assumed."""
+    w = proxy * mask
+    energy = torch.cumsum(w, dim=1) * mask
+    T = proxy.shape[1]
+    num = (rewards[:, None] * energy).view(num_prompts, group_size, T).sum(1)
+    den = energy.view(num_prompts, group_size, T).sum(1)
+    baseline = (num / (den + 1e-8)).repeat_interleave(group_size, dim=0)
+    return (rewards[:, None] - baseline) * mask
+
+
+def make_inputs(num_prompts, group_size, T, seed=0):
+    """Ragged completions (lengths uniform in [T/8, T]), proxy in [0, 2), 1% NaN rewards, clipped IS ratios."""
+    g = torch.Generator().manual_seed(seed)
+    B = num_prompts * group_size
+    lengths = torch.randint(max(1, T // 8), T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    proxy = 2 * torch.rand(B, T, generator=g)
+    rewards = (torch.rand(B, generator=g) < 0.4).float()
+    rewards[torch.rand(B, generator=g) < 0.01] = float("nan")
+    is_weights = torch.empty(B, T).uniform_(0.8, 1.2, generator=g).clamp(max=1.1)
+    group_ids = torch.arange(B) // group_size
+    return rewards, proxy, mask, group_ids, is_weights
+
+
+def estimators(rewards, proxy, mask, group_ids, is_weights, num_prompts, group_size):
+    finite = torch.nan_to_num(rewards, nan=0.0)
+    return {
+        "floor": lambda: floor_advantages(finite, proxy, mask, num_prompts, group_size),
+        "otb": lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", is_weights=is_weights),
+        "otb_loo": lambda: otb_advantages(rewards, proxy, mask, group_ids, is_weights=is_weights, leave_one_out=True),
+        "grpo": lambda: grpo_advantages(rewards, proxy, mask, group_ids),
+        "grpo_std": lambda: grpo_advantages(rewards, proxy, mask, group_ids, scale="group"),
+        "rloo": lambda: rloo_advantages(rewards, proxy, mask, group_ids),
+        "opo": lambda: opo_advantages(rewards, proxy, mask, group_ids),
+        "ogb": lambda: ogb_advantages(rewards, proxy, mask, group_ids, is_weights=is_weights),
+    }
+
+
+def bench_size(num_prompts, group_size, T, repeats, seed):
+    inputs = make_inputs(num_prompts, group_size, T, seed)
+    fns = estimators(*inputs, num_prompts, group_size)
+    for fn in fns.values():  # warm-up: allocator, first-call overheads
+        fn()
+    times = {name: [] for name in fns}  # CPU seconds of this process
+    walls = {name: [] for name in fns}
+    order = list(fns)
+    rng = random.Random(seed)
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for name in order:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fns[name]()
+            times[name].append(time.process_time() - start_cpu)
+            walls[name].append(time.perf_counter() - start)
+    tokens = num_prompts * group_size * T
+    result = {
+        "prompts": num_prompts,
+        "group_size": group_size,
+        "T": T,
+        "tokens": tokens,
+        "repeats": repeats,
+        "cpu_seconds": times,
+        "wall_seconds": walls,
+        "median_s": {k: statistics.median(v) for k, v in times.items()},
+        "median_wall_s": {k: statistics.median(v) for k, v in walls.items()},
+        "ratio_to_floor": {
+            k: statistics.median(t / f for t, f in zip(v, times["floor"])) for k, v in times.items() if k != "floor"
+        },
+    }
+    result["ns_per_token"] = {k: 1e9 * v / tokens for k, v in result["median_s"].items()}
+    return result
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    tokens = [r["tokens"] for r in results]
+    for name in results[0]["median_s"]:
+        style = (
+            dict(lw=2.5, color="black") if name == "otb" else dict(ls="--", color="gray") if name == "floor" else {}
+        )
+        ax1.plot(tokens, [r["median_s"][name] * 1e3 for r in results], marker="o", label=name, **style)
+        if name != "floor":
+            ax2.plot(tokens, [r["ratio_to_floor"][name] for r in results], marker="o", label=name, **style)
+    ax1.set(
+        xscale="log", yscale="log", xlabel="tokens (B x T)", ylabel="median CPU ms (1 thread)", title="Time per call"
+    )
+    ax2.axhline(2.0, color="red", lw=1, ls=":", label="2x floor")
+    ax2.set(xscale="log", xlabel="tokens (B x T)", ylabel="time / floor (median of per-repeat ratios)")
+    ax2.set_title("Ratio to the floor")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per size (default 9, quick 5)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch.set_num_threads (1: CPU time is then a fair clock)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    repeats = args.repeats or (5 if args.quick else 9)
+    results = []
+    for num_prompts, group_size, T in sizes:
+        r = bench_size(num_prompts, group_size, T, repeats, args.seed)
+        results.append(r)
+        ratios = " ".join(f"{k}={v:.2f}" for k, v in r["ratio_to_floor"].items())
+        print(f"{r['tokens'] / 1e6:6.2f}M tokens  floor {r['median_s']['floor'] * 1e3:8.1f} ms  x floor: {ratios}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "advantages_speed_quick" if args.quick else "advantages_speed"
+    meta = {
+        "command": "python benchmarks/advantages_speed.py" + (" --quick" if args.quick else ""),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+    }
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    plot(results, out / f"{stem}.png")
+    print(f"wrote {out / stem}.json and .png")
+
+
+if __name__ == "__main__":
+    main()
