@@ -27,7 +27,7 @@ drawn from each side's problems (with repetition once a side's problems run out,
 
 ``DEFAULT_LEVEL`` is tuned so that the embedded SmolLM2-135M-Instruct solves it often but not always at temperature
 1.0, which GRPO needs: a group whose rewards are all equal has zero advantage. ``benchmarks/passrate.py`` measures it;
-with 16 test prompts x 2 samples 48-token completions it gave pass@1 copy 0.38, compare 0.28, add1 0.28, word 0.00,
+with 16 test prompts x 2 samples of 48 tokens it gave pass@1 copy 0.38, compare 0.28, add1 0.28, word 0.00,
 and the model boxed none of its answers (the accuracy reward's fallbacks found them; the format reward has to teach it).
 """
 
