@@ -1,0 +1,269 @@
+"""Step time and peak memory of OTBTrainer against GRPOTrainer on the same config and seeds.
+
+    python benchmarks/overhead.py --quick                       # tiny random Llama, on-policy, 1 pair (CI)
+    python benchmarks/overhead.py --models tiny --pairs 3       # tiny model, on- and off-policy
+    python benchmarks/overhead.py --models smollm2 --pairs 2    # embedded SmolLM2-135M with LoRA r=8 on q/v
+
+Every run is a fresh subprocess (so its peak RSS, ``getrusage(RUSAGE_SELF).ru_maxrss``, is its own), and runs are
+interleaved GRPO, OTB, GRPO, OTB, ... so that slow phases of a shared machine hit both trainers alike. Each run
+trains ``warmup + steps`` optimizer steps with the same seed and reports the per-step wall and CPU time of the last
+``steps`` (steps_per_generation steps share one generation, so ``steps`` is a multiple of it). The JSON holds every
+run, the medians and the per-pair ratios OTB / GRPO. Torch runs on one thread (``--threads``): CPU time then
+measures the work done, which other jobs on a shared machine do not inflate.
+
+On-policy (the default, one optimizer step per generation) GRPOTrainer runs no log-prob pass at rollout time, so
+OTBTrainer adds one no-grad forward over the generation batch to get pi(y_t) and sum_v pi(v)^2. Off-policy
+(``steps_per_generation=2``) TRL runs that pass itself and OTB's statistics ride along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+MODELS = {
+    # max_completion_length, prompt count per batch
+    "tiny": {"max_completion_length": 24, "prompts_per_batch": 2},
+    "smollm2": {"max_completion_length": 32, "prompts_per_batch": 1},
+}
+POLICIES = {"on": {}, "off": {"steps_per_generation": 2}}
+N = 4
+
+
+def cheap_reward(completion_ids, **kwargs):
+    """Deterministic, varies within groups, costs nothing: keeps the timing on the trainer."""
+    return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
+
+
+def build_model(name: str, workdir: Path):
+    """(model or path, tokenizer, peft_config) for a benchmark model."""
+    if name == "tiny":
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from conftest import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model, tokenizer, None
+    from peft import LoraConfig
+
+    from trl_otb.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer()
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    return model, tokenizer, lora
+
+
+def worker(args) -> dict:
+    """One training run in this process; returns timings and peak RSS."""
+    import resource
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(args.threads)
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_otb import OTBConfig, OTBTrainer
+
+    spec = MODELS[args.model]
+    policy = POLICIES[args.policy]
+    spg = policy.get("steps_per_generation", 1)
+    warmup, steps = args.warmup * spg, args.steps * spg
+    workdir = Path(args.workdir)
+    model, tokenizer, peft_config = build_model(args.model, workdir)
+    prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(64)]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
+    common = dict(
+        output_dir=str(workdir / f"{args.trainer}-{args.model}-{args.policy}"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=N * spec["prompts_per_batch"],
+        num_generations=N,
+        max_completion_length=spec["max_completion_length"],
+        max_steps=warmup + steps,
+        scale_rewards="none",
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=args.seed,
+        data_seed=args.seed,
+        temperature=1.0,
+        disable_tqdm=True,
+        **policy,
+    )
+    if args.trainer == "otb":
+        config, trainer_cls = OTBConfig(**common), OTBTrainer
+    else:
+        config, trainer_cls = GRPOConfig(**common), GRPOTrainer
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.wall, self.cpu = [], []
+
+        def on_step_begin(self, *a, **k):
+            self._w, self._c = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *a, **k):
+            self.wall.append(time.perf_counter() - self._w)
+            self.cpu.append(time.process_time() - self._c)
+
+    clock = StepClock()
+    trainer = trainer_cls(
+        model,
+        reward_funcs=cheap_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[clock],
+    )
+    trainer.train()
+    wall, cpu = clock.wall[warmup:], clock.cpu[warmup:]
+    return {
+        "trainer": args.trainer,
+        "model": args.model,
+        "policy": args.policy,
+        "seed": args.seed,
+        "steps": len(wall),
+        "step_wall_s": sum(wall) / len(wall),
+        "step_cpu_s": sum(cpu) / len(cpu),
+        "per_step_wall_s": wall,
+        "per_step_cpu_s": cpu,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_subprocess(trainer, model, policy, args) -> dict:
+    out = Path(args.workdir) / f"run-{trainer}-{model}-{policy}-{time.monotonic_ns()}.json"
+    cmd = [sys.executable, __file__, "--worker", "--trainer", trainer, "--model", model, "--policy", policy]
+    cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+    cmd += ["--threads", str(args.threads), "--workdir", args.workdir, "--worker-out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not args.verbose else None)
+    return json.loads(out.read_text())
+
+
+def summarise(runs: list[dict]) -> dict:
+    grpo = [r for r in runs if r["trainer"] == "grpo"]
+    otb = [r for r in runs if r["trainer"] == "otb"]
+    pairs = list(zip(grpo, otb))
+    out = {}
+    for key in ("step_wall_s", "step_cpu_s", "peak_rss_mb"):
+        out[key] = {"grpo": statistics.median(r[key] for r in grpo), "otb": statistics.median(r[key] for r in otb)}
+        ratios = [b[key] / a[key] for a, b in pairs]
+        out[key]["pair_ratios"] = ratios
+        out[key]["median_ratio"] = statistics.median(ratios)
+    return out
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) + 2), 3.6))
+    x = range(len(names))
+    for offset, key, label in ((-0.2, "step_cpu_s", "step CPU time"), (0.2, "peak_rss_mb", "peak RSS")):
+        med = [summary[n][key]["median_ratio"] for n in names]
+        ax.bar([i + offset for i in x], med, width=0.38, label=label)
+        for i, n in enumerate(names):
+            ax.scatter([i + offset] * len(summary[n][key]["pair_ratios"]), summary[n][key]["pair_ratios"], c="k", s=8)
+    ax.axhline(1.05, color="red", ls=":", lw=1, label="budget 1.05")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylabel("OTBTrainer / GRPOTrainer")
+    ax.set_ylim(0.8, max(1.3, max(max(summary[n]["step_cpu_s"]["pair_ratios"]) for n in names) + 0.05))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, on-policy, one pair, 2 steps (CI)")
+    parser.add_argument("--models", nargs="+", default=["tiny"], choices=list(MODELS))
+    parser.add_argument("--policies", nargs="+", default=["on", "off"], choices=list(POLICIES))
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved GRPO/OTB pairs per config")
+    parser.add_argument("--steps", type=int, default=4, help="timed generation cycles per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed generation cycles per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--verbose", action="store_true")
+    # Internal: one run.
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", choices=["grpo", "otb"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
+    parser.add_argument("--policy", choices=list(POLICIES), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        Path(args.worker_out).write_text(json.dumps(worker(args)))
+        return
+    if args.quick:
+        args.models, args.policies, args.pairs, args.steps, args.warmup = ["tiny"], ["on"], 1, 2, 1
+    import tempfile
+
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.TemporaryDirectory()
+        args.workdir = tmp.name
+    runs, summary = [], {}
+    for model in args.models:
+        for policy in args.policies:
+            config_runs = []
+            for pair in range(args.pairs):
+                # Alternate which trainer goes first (ABBA), so a drift in machine load does not favour one.
+                order = ("grpo", "otb") if pair % 2 == 0 else ("otb", "grpo")
+                for trainer in order:
+                    r = run_subprocess(trainer, model, policy, args)
+                    r["pair"] = pair
+                    config_runs.append(r)
+                    print(
+                        f"{model:8s} {policy}-policy pair {pair} {trainer:4s} step {r['step_wall_s']:.3f} s wall "
+                        f"{r['step_cpu_s']:.3f} s cpu, peak RSS {r['peak_rss_mb']:.0f} MB",
+                        flush=True,
+                    )
+            config_runs.sort(key=lambda r: (r["pair"], r["trainer"]))
+            name = f"{model}/{policy}-policy"
+            summary[name] = summarise(config_runs)
+            s = summary[name]
+            print(
+                f"== {name}: OTB/GRPO step cpu x{s['step_cpu_s']['median_ratio']:.3f}, "
+                f"wall x{s['step_wall_s']['median_ratio']:.3f}, peak RSS x{s['peak_rss_mb']['median_ratio']:.3f}",
+                flush=True,
+            )
+            runs.extend(config_runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "overhead_quick" if args.quick else "overhead_" + "_".join(args.models)
+    argv = " ".join(sys.argv[1:])
+    meta = {"command": f"python benchmarks/overhead.py {argv}".strip(), "threads": args.threads, "N": N}
+    meta["configs"] = {
+        m: {**MODELS[m], "per_device_train_batch_size": N * MODELS[m]["prompts_per_batch"]} for m in args.models
+    }
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    plot(summary, out / f"{stem}.png")
+    print(f"wrote {out / stem}.json and .png")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
