@@ -119,7 +119,14 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
             comp = torch.where(mask, comp, torch.full_like(comp, tokenizer.pad_token_id))
             input_ids = torch.cat([enc["input_ids"].expand(n, -1), comp], dim=1)
             attention_mask = torch.cat([enc["attention_mask"].expand(n, -1), mask.long()], dim=1)
-            h, log_z, logp_y, sum_sq, top = head_statistics(model, input_ids, attention_mask, comp, temperature, top_k)
+            # Chunks of 8 sequences: the full-vocabulary logits of a chunk are the largest tensor held.
+            stats = [
+                head_statistics(
+                    model, input_ids[i : i + 8], attention_mask[i : i + 8], comp[i : i + 8], temperature, top_k
+                )
+                for i in range(0, n, 8)
+            ]
+            h, log_z, logp_y, sum_sq, top = (torch.cat(parts) for parts in zip(*stats))
             for i in range(n):
                 k = int(lengths[i])
                 completions.append(
@@ -382,11 +389,11 @@ def plot(results, Ns, horizons, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
-    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 12, quick 3)")
-    parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 32, quick 12)")
+    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 4, quick 3)")
+    parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 24, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
     parser.add_argument("--Ns", type=int, nargs="+", default=None, help="group sizes (default 2 4 8 16)")
-    parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 200)")
+    parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 100)")
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32, help="completions per generate call")
     parser.add_argument("--top-k", type=int, default=64, help="per-token top-k kept in the vocabulary subset")
@@ -396,11 +403,11 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
-    num_prompts = args.prompts or (3 if q else 12)
-    pool_size = args.pool or (12 if q else 32)
+    num_prompts = args.prompts or (3 if q else 4)
+    pool_size = args.pool or (12 if q else 24)
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     Ns = [n for n in (args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])) if n < pool_size]
-    num_groups = args.groups or (64 if q else 200)
+    num_groups = args.groups or (64 if q else 100)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
 

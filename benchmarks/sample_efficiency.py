@@ -1,0 +1,247 @@
+"""Held-out score against completion tokens consumed: OTB N=4, GRPO N=4 and GRPO N=16, over seeds.
+
+    python benchmarks/sample_efficiency.py --quick                          # tiny random model, CPU, seconds
+    python benchmarks/sample_efficiency.py --model embedded --task math     # embedded SmolLM2, math, accuracy
+    bash benchmarks/device_run.sh                                           # the GPU run (random-init, real shape)
+
+Every arm trains on the same prompts per step (``--prompts-per-step``), so GRPO N=16 consumes four times the
+completion tokens of an N=4 arm per step; the x-axis is what each arm actually generated (the sum of completion
+lengths seen by the reward function). Every ``--eval-every`` steps the policy is scored greedily on held-out
+prompts. The question is the paper's claim: does OTB at N=4 reach a score with fewer tokens than GRPO at N=16?
+
+Tasks: ``math`` is the generated math dataset with the accuracy reward (needs a model that can already do some
+arithmetic: the embedded SmolLM2). ``digits`` is learnable from a random initialisation (a machine without the
+Hub has no pretrained weights): the prompt names a digit, the reward is the share of the completion's first
+``--digits-len`` characters equal to it, and the held-out score is that reward on unseen prompt wordings.
+
+Models: ``tiny`` (the test suite's 2-layer Llama), ``embedded`` (SmolLM2-135M-Instruct), ``random-smollm2``
+(SmolLM2-135M's shapes, random init, byte-level tokenizer: runs anywhere, meant for a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HERE = Path(__file__).resolve().parent
+ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
+DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
+DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
+
+
+def build_model(name: str):
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    if name == "embedded":
+        from trl_otb.models import load_model_and_tokenizer
+
+        return load_model_and_tokenizer(dtype=torch.float32)
+    from conftest import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    if name == "tiny":
+        model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)
+    else:  # random-smollm2: SmolLM2-135M's architecture, random weights
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def build_task(task: str, num_train: int, num_test: int, seed: int, digits_len: int):
+    """(train Dataset, test rows, reward function)."""
+    from datasets import Dataset
+
+    if task == "math":
+        from trl_otb.data import load_math_dataset
+        from trl_otb.rewards import accuracy_reward
+
+        data = load_math_dataset(num_train=num_train, num_test=num_test, seed=seed)
+        return data["train"], list(data["test"]), accuracy_reward
+    rng = random.Random(seed)
+
+    def rows(templates, n):
+        out = []
+        for _ in range(n):
+            d = str(rng.randrange(10))
+            out.append({"prompt": [{"role": "user", "content": rng.choice(templates).format(d=d)}], "answer": d})
+        return out
+
+    def digit_reward(completions, answer, **kwargs):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [sum(ch == a for ch in t[:digits_len]) / digits_len for t, a in zip(texts, answer)]
+
+    return (
+        Dataset.from_list(rows(DIGIT_TEMPLATES_TRAIN, num_train)),
+        rows(DIGIT_TEMPLATES_TEST, num_test),
+        digit_reward,
+    )
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows, reward_fn, max_new_tokens, batch_size=32):
+    """Mean reward of greedy completions on held-out rows."""
+    model.eval()
+    tokenizer.padding_side = "left"
+    device = next(model.parameters()).device
+    scores = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in batch]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        out = model.generate(
+            **enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
+        )
+        completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        scores += [float(s or 0.0) for s in reward_fn(completions, answer=[r["answer"] for r in batch])]
+    model.train()
+    return sum(scores) / len(scores)
+
+
+def run_arm(arm: str, seed: int, args) -> dict:
+    from transformers import TrainerCallback, set_seed
+
+    from trl_otb import OTBConfig, OTBTrainer
+
+    estimator, N = ARMS[arm]
+    set_seed(seed)
+    model, tokenizer = build_model(args.model)
+    train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, seed, args.digits_len)
+    consumed = {"tokens": 0}
+
+    def counted_reward(completions, completion_ids, **kwargs):
+        consumed["tokens"] += sum(len(ids) for ids in completion_ids)
+        return reward_fn(completions, **kwargs)
+
+    counted_reward.__name__ = reward_fn.__name__
+    curve = []
+
+    class Eval(TrainerCallback):
+        def on_step_end(self, a, state, control, model=None, **k):
+            if state.global_step % args.eval_every == 0:
+                score = evaluate(model, tokenizer, test, reward_fn, args.max_completion_length)
+                curve.append({"step": state.global_step, "tokens": consumed["tokens"], "score": score})
+                print(f"  {arm} seed {seed} step {state.global_step}: tokens {consumed['tokens']} score {score:.3f}")
+
+    config = OTBConfig(
+        output_dir=str(Path(args.workdir) / f"{arm}-{seed}"),
+        advantage_estimator=estimator,
+        num_generations=N,
+        per_device_train_batch_size=N * args.prompts_per_step,
+        max_completion_length=args.max_completion_length,
+        max_steps=args.steps,
+        learning_rate=args.learning_rate,
+        loss_type="dapo",
+        scale_rewards="none",
+        beta=0.0,
+        temperature=1.0,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        gradient_checkpointing=False,
+        report_to="none",
+        logging_steps=max(1, args.eval_every),
+        save_strategy="no",
+        seed=seed,
+        disable_tqdm=True,
+    )
+    start_score = evaluate(model, tokenizer, test, reward_fn, args.max_completion_length)
+    curve.append({"step": 0, "tokens": 0, "score": start_score})
+    trainer = OTBTrainer(
+        model, reward_funcs=counted_reward, args=config, train_dataset=train, processing_class=tokenizer
+    )
+    trainer.add_callback(Eval())
+    start = time.perf_counter()
+    trainer.train()
+    return {"arm": arm, "seed": seed, "curve": curve, "seconds": time.perf_counter() - start}
+
+
+def plot(runs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colors = {"otb_N4": "black", "grpo_N4": "tab:blue", "grpo_N16": "tab:orange"}
+    for r in runs:
+        xs = [p["tokens"] for p in r["curve"]]
+        ys = [p["score"] for p in r["curve"]]
+        ax.plot(xs, ys, marker=".", color=colors[r["arm"]], alpha=0.7, label=f"{r['arm']} seed {r['seed']}")
+    ax.set(xlabel="completion tokens consumed", ylabel="held-out score")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, digits task, 1 seed, 2 steps (CI)")
+    parser.add_argument("--model", default="embedded", choices=["tiny", "embedded", "random-smollm2"])
+    parser.add_argument("--task", default="math", choices=["math", "digits"])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--max-completion-length", type=int, default=64)
+    parser.add_argument("--digits-len", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--num-train", type=int, default=2000)
+    parser.add_argument("--num-test", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.model, args.task, args.seeds, args.steps, args.eval_every = "tiny", "digits", [0], 2, 2
+        args.prompts_per_step, args.max_completion_length, args.num_train, args.num_test = 2, 12, 64, 4
+        args.learning_rate = 1e-3
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import tempfile
+
+    tmp = tempfile.TemporaryDirectory() if args.workdir is None else None
+    args.workdir = args.workdir or tmp.name
+    runs = []
+    for seed in args.seeds:
+        for arm in args.arms:  # interleaved by seed, so a slow phase of the machine hits every arm
+            runs.append(run_arm(arm, seed, args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "sample_efficiency_quick" if args.quick else f"sample_efficiency_{args.model}_{args.task}"
+    meta = {
+        "command": "python benchmarks/sample_efficiency.py " + " ".join(sys.argv[1:]),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        **{k: v for k, v in vars(args).items() if k not in ("workdir", "out")},
+    }
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    plot(runs, out / f"{stem}.png")
+    print(f"wrote {out / stem}.json and .png")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
