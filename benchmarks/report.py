@@ -1,0 +1,102 @@
+"""Print the Markdown tables of docs/benchmarks.md from the JSON files the benchmark scripts wrote.
+
+python benchmarks/report.py [--results benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load(results: Path, stem: str):
+    path = results / f"{stem}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def speed_table(data) -> str:
+    names = [k for k in data["results"][0]["median_s"] if k != "floor"]
+    lines = [
+        "| tokens | floor ms | " + " | ".join(f"{n} (x floor)" for n in names) + " |",
+        "|---:|---:|" + "---:|" * len(names),
+    ]
+    for r in data["results"]:
+        cells = [f"{r['median_s'][n] * 1e3:.1f} ({r['ratio_to_floor'][n]:.2f})" for n in names]
+        lines.append(f"| {r['tokens'] / 1e6:.2f}M | {r['median_s']['floor'] * 1e3:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def overhead_table(data) -> str:
+    lines = [
+        "| config | GRPO step CPU s | OTB step CPU s | OTB/GRPO CPU per pair | median | wall median | "
+        "peak RSS MB GRPO / OTB | RSS ratio |",
+        "|---|---:|---:|---|---:|---:|---|---:|",
+    ]
+    for name, s in data["summary"].items():
+        cpu, wall, rss = s["step_cpu_s"], s["step_wall_s"], s["peak_rss_mb"]
+        pairs = ", ".join(f"{x:.2f}" for x in cpu["pair_ratios"])
+        lines.append(
+            f"| {name} | {cpu['grpo']:.3f} | {cpu['otb']:.3f} | {pairs} | **{cpu['median_ratio']:.2f}** | "
+            f"{wall['median_ratio']:.2f} | {rss['grpo']:.0f} / {rss['otb']:.0f} | {rss['median_ratio']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def variance_table(data) -> str:
+    out = []
+    for h, res in data["results"].items():
+        table = res["table"]
+        if not table:
+            out.append(f"Horizon {h}: no prompt with varying rewards.")
+            continue
+        Ns = sorted({row["N"] for row in table.values()})
+        ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
+        out.append(
+            f"Horizon {h} ({len(res['prompts_kept'])} prompts, mean completion {res['mean_completion_tokens']:.0f} "
+            f"tokens, tail bound {res['tail_bound_max']:.1e}). Rescaled variance a^2 Var (95% CI); "
+            "in brackets: raw Var / MSE to the pool reference / scale a."
+        )
+        out.append("")
+        out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
+        out.append("|---|" + "---|" * len(Ns))
+        for est in ests:
+            cells = []
+            for N in Ns:
+                r = table[f"N={N}/{est}"]
+                lo, hi = r["var_scaled_ci"]
+                cells.append(
+                    f"{r['var_scaled']:.3g} ({lo:.3g}-{hi:.3g}) [{r['var']:.3g} / {r['mse']:.3g} / {r['scale']:.2f}]"
+                )
+            out.append(f"| {est} | " + " | ".join(cells) + " |")
+        match = res.get("grpo_N_matching_otb_N4")
+        if match is not None:
+            fmt = f"{match:.1f}" if isinstance(match, float) else match
+            out.append("")
+            out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt}.")
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="benchmarks/results")
+    args = parser.parse_args()
+    results = Path(args.results)
+    sections = [
+        ("advantages_speed", speed_table),
+        ("overhead_tiny", overhead_table),
+        ("overhead_smollm2", overhead_table),
+        ("variance", variance_table),
+    ]
+    for stem, fn in sections:
+        data = load(results, stem)
+        if data is None:
+            continue
+        print(f"### {stem}\n\n`{data['meta']['command']}`\n")
+        print(fn(data))
+        print()
+
+
+if __name__ == "__main__":
+    main()
