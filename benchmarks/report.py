@@ -18,12 +18,16 @@ def load(results: Path, stem: str):
 def speed_table(data) -> str:
     names = [k for k in data["results"][0]["median_s"] if k != "floor"]
     lines = [
-        "| tokens | floor ms | " + " | ".join(f"{n} (x floor)" for n in names) + " |",
-        "|---:|---:|" + "---:|" * len(names),
+        "| tokens | floor ms | " + " | ".join(f"{n} ms (x floor)" for n in names) + " | OTB ns/token |",
+        "|---:|---:|" + "---:|" * (len(names) + 1),
     ]
     for r in data["results"]:
         cells = [f"{r['median_s'][n] * 1e3:.1f} ({r['ratio_to_floor'][n]:.2f})" for n in names]
-        lines.append(f"| {r['tokens'] / 1e6:.2f}M | {r['median_s']['floor'] * 1e3:.1f} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r['tokens'] / 1e6:.2f}M | {r['median_s']['floor'] * 1e3:.1f} | "
+            + " | ".join(cells)
+            + f" | {r['ns_per_token']['otb']:.0f} |"
+        )
     return "\n".join(lines)
 
 

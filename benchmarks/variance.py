@@ -6,7 +6,7 @@
 Method. For each prompt, a pool of M completions is sampled once (temperature 1) at the longest horizon and scored
 with the accuracy reward; a shorter horizon h uses the same completions cut to their first h tokens (exactly what
 sampling with max_completion_length=h gives) and scores them again. Only prompts whose rewards differ within the
-pool at that horizon are kept. Many groups of N distinct completions are drawn from each pool; each estimator
+pool at that horizon are kept. Many groups of N completions are drawn i.i.d. (with replacement) from each pool; each estimator
 turns a group into token advantages A_t^(i) and a gradient estimate g = (1/N) sum_i sum_t A_t^(i) s_t^(i).
 
 In the LM head's weight space the score of token t is exactly s_t = (e_{y_t} - pi_t) h_t^T (h_t: the head's
@@ -22,8 +22,8 @@ min(m_a r_b, m_b r_a) (m: largest probability outside S, r: mass outside S), rep
 
 Reported per horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
 - ``var``: E||g - E g||^2, the variance around the estimator's own mean;
-- ``mse``: E||g - g_ref||^2 against the pool reference g_ref = (1/M) sum_j (R_j - mean_{k != j} R_k) S_j (the
-  leave-one-out estimate on the whole pool: RLOO on any group drawn from the pool is unbiased for it);
+- ``mse``: E||g - g_ref||^2 against the pool reference g_ref = (1/M) sum_j (R_j - mean_k R_k) S_j, the policy
+  gradient of the pool's empirical distribution (RLOO on groups drawn from it is unbiased for it);
 - ``var_scaled``: a^2 var, with a = <E g, g_ref> / ||E g||^2 (over all prompts) the scalar that best matches the
   reference: it puts estimators whose self-including baselines shrink the gradient (by ~(N-1)/N) on an equal
   footing. Estimators: grpo (unscaled), grpo_std, rloo, opo, ogb, otb, otb_loo.
@@ -190,9 +190,9 @@ def group_coefficients(estimator, groups, rewards, proxy, mask, offsets, n_token
 
 
 def reference_coefficients(rewards, mask, offsets, n_tokens):
-    """Pool leave-one-out gradient: (1/M) sum_j (R_j - mean_{k != j} R_k) S_j."""
+    """Pool policy gradient (1/M) sum_j (R_j - mean_k R_k) S_j: what RLOO on groups drawn from the pool estimates."""
     M = rewards.numel()
-    coef = (rewards - (rewards.sum() - rewards) / (M - 1)) / M
+    coef = (rewards - rewards.mean()) / M
     c = torch.zeros(n_tokens, dtype=torch.float64)
     for j in range(M):
         k = int(mask[j].sum())
@@ -201,7 +201,9 @@ def reference_coefficients(rewards, mask, offsets, n_tokens):
 
 
 def draw_groups(M, N, count, generator):
-    return torch.stack([torch.randperm(M, generator=generator)[:N] for _ in range(count)])
+    """Groups of N i.i.d. draws from the pool (with replacement): sampling from the pool's empirical distribution,
+    so a group's variance does not shrink as N approaches M (drawing without replacement would)."""
+    return torch.randint(M, (count, N), generator=generator)
 
 
 def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
@@ -215,7 +217,7 @@ def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
     ref_sq = float(c_ref @ K_ref)
     out = {}
     for N in Ns:
-        groups = draw_groups(M, N, num_groups if N < M else 1, generator)
+        groups = draw_groups(M, N, num_groups, generator)
         for est in ESTIMATORS:
             C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n)
             KC = C @ K  # [G, n]
@@ -389,8 +391,8 @@ def plot(results, Ns, horizons, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
-    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 4, quick 3)")
-    parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 24, quick 12)")
+    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 3, quick 3)")
+    parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 16, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
     parser.add_argument("--Ns", type=int, nargs="+", default=None, help="group sizes (default 2 4 8 16)")
     parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 100)")
@@ -403,10 +405,10 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
-    num_prompts = args.prompts or (3 if q else 4)
-    pool_size = args.pool or (12 if q else 24)
+    num_prompts = args.prompts or 3
+    pool_size = args.pool or (12 if q else 16)
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
-    Ns = [n for n in (args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])) if n < pool_size]
+    Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
     num_groups = args.groups or (64 if q else 100)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
