@@ -1,0 +1,247 @@
+"""examples/math_otb.py end to end on the tiny model, its recipes, and the Hub pre-flight of trl_otb.hub."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trl_otb import OTBConfig
+from trl_otb.hub import HubPreflightError, otb_card_section, otb_model_card, preflight_hub
+from trl_otb.models import EMBEDDED_MODEL_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def math_otb():
+    spec = importlib.util.spec_from_file_location("math_otb", ROOT / "examples" / "math_otb.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["math_otb"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_argv(model_dir, output_dir, *extra):
+    return [
+        "--model_name_or_path", str(model_dir),
+        "--output_dir", str(output_dir),
+        "--max_steps", "2",
+        "--eval_samples", "4",
+        "--num_train", "16",
+        "--per_device_train_batch_size", "4",
+        "--max_completion_length", "8",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_example_trains_and_writes_checkpoint_card_summary_and_plot(math_otb, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = math_otb.main(*math_otb.parse_args(tiny_argv(tiny_model_dir, out)))
+
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["steps"] == summary["steps"] == 2
+    assert saved["eval_samples"] == 4
+    for key in ("accuracy_before", "accuracy_after"):
+        assert 0.0 <= saved[key] <= 1.0
+    assert saved["completion_tokens"] > 0
+    assert saved["trl_num_tokens"] > saved["completion_tokens"]  # TRL's count includes the prompts
+    assert saved["wall_time_s"] > 0
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    card = (out / "README.md").read_text()
+    assert card.count("## Optimal Token Baseline (OTB)") == 1
+    assert "- otb" in card and "- grpo" in card  # tags from OTBTrainer
+    for text in ("| group size N (num_generations) | `4` |", "| proxy w_t | `logit` |", "| leave-one-out | `False` |"):
+        assert text in card
+    assert f"| before training | {saved['accuracy_before']:.3f} |" in card
+    assert f"| after training | {saved['accuracy_after']:.3f} |" in card
+    assert "arXiv:2602.07078" in card and "vonwerra2020trl" in card
+
+
+def test_use_peft_trains_a_lora_adapter_for_one_step(math_otb, tiny_model_dir, tmp_path):
+    out = tmp_path / "lora"
+    argv = tiny_argv(tiny_model_dir, out, "--use_peft", "--lora_r", "4", "--max_steps", "1", "--eval_samples", "2")
+    summary = math_otb.main(*math_otb.parse_args(argv))
+    assert summary["steps"] == 1 and summary["use_peft"]
+    assert (out / "adapter_model.safetensors").is_file()
+    assert not (out / "model.safetensors").exists()
+
+
+def test_no_arguments_use_the_cpu_recipe_with_cpu_settings(math_otb):
+    import yaml
+
+    script_args, math_args, args, model_args = math_otb.parse_args([])
+    recipe = yaml.safe_load(math_otb.DEFAULT_RECIPE.read_text())
+    assert model_args.model_name_or_path is None  # the embedded SmolLM2
+    assert script_args.dataset_name is None  # the generated offline dataset
+    assert math_args.eval_samples == recipe["eval_samples"]
+    for key in ("num_generations", "max_steps", "max_completion_length", "per_device_train_batch_size"):
+        assert getattr(args, key) == recipe[key]
+    assert args.num_generations == 4 and args.advantage_estimator == "otb"
+    if not torch.cuda.is_available():
+        assert args.use_cpu and not args.bf16 and not args.gradient_checkpointing
+
+
+def test_command_line_overrides_the_recipe_and_the_cpu_defaults(math_otb):
+    _, math_args, args, model_args = math_otb.parse_args(
+        ["--max_steps", "3", "--gradient_checkpointing", "true", "--eval_samples", "5", "--use_peft"]
+    )
+    assert args.max_steps == 3 and args.gradient_checkpointing and math_args.eval_samples == 5 and model_args.use_peft
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[path.name for path in RECIPES])
+def test_recipe_parses(math_otb, recipe):
+    script_args, math_args, args, model_args = math_otb.parse_args(["--config", str(recipe)])
+    assert isinstance(args, OTBConfig)
+    assert args.num_generations >= 2
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps % args.num_generations == 0
+    if recipe.name.startswith("qwen3-8b_dapo_math"):
+        assert args.use_vllm and args.vllm_mode == "colocate" and args.bf16 and args.beta == 0.0
+        assert args.loss_type == "dapo" and args.max_completion_length == 8192
+        assert script_args.dataset_name == "BytedTsinghua-SIA/DAPO-Math-17k"
+        assert args.num_generations == (4 if "n4" in recipe.name else 16)
+    if "lora" in recipe.name:
+        assert model_args.use_peft
+    if "qlora" in recipe.name:
+        assert model_args.load_in_4bit
+
+
+def test_the_recipe_set_is_complete():
+    names = {path.name for path in RECIPES}
+    assert {
+        "cpu_smollm2.yaml",
+        "cpu_smollm2_lora.yaml",
+        "qwen2.5-0.5b_gsm8k.yaml",
+        "qwen2.5-0.5b_gsm8k_qlora.yaml",
+    } <= names
+    assert {"qwen3-8b_dapo_math.yaml", "qwen3-8b_dapo_math_n4.yaml"} <= names
+
+
+def test_offline_uncached_hub_model_stops_before_training_naming_the_embedded_default(math_otb, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "never"
+    argv = ["--model_name_or_path", "some-org/not-a-cached-model", "--output_dir", str(out)]
+    with pytest.raises(SystemExit) as excinfo:
+        math_otb.main(*math_otb.parse_args(argv))
+    message = str(excinfo.value)
+    assert "some-org/not-a-cached-model" in message and EMBEDDED_MODEL_NAME in message
+    assert "--model_name_or_path embedded" in message
+    assert not out.exists()  # nothing trained, nothing written
+
+
+def test_push_to_hub_offline_stops_before_loading_anything(math_otb, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "never"
+    argv = ["--push_to_hub", "--hub_model_id", "me/otb", "--output_dir", str(out)]
+    with pytest.raises(SystemExit, match="HF_HUB_OFFLINE"):
+        math_otb.main(*math_otb.parse_args(argv))
+    assert not out.exists()
+
+
+# --- trl_otb.hub.preflight_hub, without network: HfApi.whoami and the token lookup are monkeypatched ---------------
+
+
+@pytest.fixture
+def online_hub(monkeypatch):
+    """The Hub looks online; whoami answers from ``state`` (a dict, or an exception to raise)."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
+    state = {"answer": {"name": "alice", "orgs": [{"name": "otb-lab"}], "auth": {"accessToken": {"role": "write"}}}}
+
+    def whoami(self, token=None, **kwargs):
+        if isinstance(state["answer"], Exception):
+            raise state["answer"]
+        return state["answer"]
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", whoami)
+    return state
+
+
+def test_preflight_refuses_offline_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubPreflightError, match="Unset HF_HUB_OFFLINE"):
+        preflight_hub("alice/model", token="hf_test")
+
+
+def test_preflight_refuses_missing_token(online_hub, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(HubPreflightError, match="hf auth login"):
+        preflight_hub("alice/model")
+
+
+def test_preflight_refuses_a_namespace_the_user_cannot_write(online_hub):
+    with pytest.raises(HubPreflightError, match="cannot write to someone-else/model") as excinfo:
+        preflight_hub("someone-else/model")
+    assert "--hub_model_id alice/model" in str(excinfo.value)
+
+
+def test_preflight_refuses_a_read_only_token(online_hub):
+    online_hub["answer"]["auth"]["accessToken"]["role"] = "read"
+    with pytest.raises(HubPreflightError, match="read-only"):
+        preflight_hub("alice/model")
+
+
+def test_preflight_reports_an_unreachable_hub(online_hub):
+    online_hub["answer"] = ConnectionError("Name or service not known")
+    with pytest.raises(HubPreflightError, match="could not be reached"):
+        preflight_hub("alice/model")
+
+
+def test_preflight_reports_a_rejected_token(online_hub):
+    from huggingface_hub.errors import HfHubHTTPError
+
+    response = SimpleNamespace(status_code=401, headers={}, request=None)
+    online_hub["answer"] = HfHubHTTPError("401 Unauthorized", response=response)
+    with pytest.raises(HubPreflightError, match="rejected"):
+        preflight_hub("alice/model")
+
+
+def test_preflight_accepts_own_and_org_namespaces(online_hub):
+    assert preflight_hub("alice/model") == "alice/model"
+    assert preflight_hub("otb-lab/model") == "otb-lab/model"
+    assert preflight_hub("model") == "alice/model"  # no namespace: the user's
+
+
+# --- trl_otb.hub model card ------------------------------------------------------------------------------------------
+
+
+def test_card_section_survives_every_rewrite_of_the_card(tmp_path):
+    args = OTBConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, otb_leave_one_out=True, report_to="none")
+    writes = []
+
+    class FakeTrainer:  # create_model_card rewrites README.md from scratch, as TRL's does (push_to_hub calls it too)
+        def __init__(self):
+            self.args = args
+
+        def create_model_card(self, **kwargs):
+            writes.append(kwargs)
+            (tmp_path / "README.md").write_text("# base card\n")
+
+        def is_world_process_zero(self):
+            return True
+
+    trainer = FakeTrainer()
+    section = otb_card_section(
+        args, base_model="tiny", dataset_name="otb-math", summary={"accuracy_before": 0.25, "accuracy_after": 0.5}
+    )
+    with otb_model_card(trainer, section):
+        trainer.create_model_card(model_name="a")
+        trainer.create_model_card(model_name="b")
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith("# base card") and card.count("## Optimal Token Baseline (OTB)") == 1
+    assert "| leave-one-out | `True` |" in card and "| after training | 0.500 |" in card
+    assert "create_model_card" not in vars(trainer)  # the method is restored afterwards
+    assert len(writes) == 2
