@@ -152,3 +152,20 @@ class OTBConfig(GRPOConfig):
                 "Liger's fused linear cross-entropy replaces the model's forward and never exposes sum_v pi(v)^2, "
                 "which the OTB proxy needs. Drop fused_linear_cross_entropy from liger_kernel_config."
             )
+
+
+def otb_fields_markdown() -> str:
+    """The Markdown table of OTBConfig's own fields (and the GRPOConfig defaults it changes), from the help metadata.
+
+    ``docs/api.md`` embeds it verbatim; a test keeps the two in sync.
+    """
+    from dataclasses import MISSING, fields
+
+    parent = {f.name: f for f in fields(GRPOConfig)}
+    rows = ["| field | default | help |", "|---|---|---|"]
+    for f in fields(OTBConfig):
+        if f.name in parent and parent[f.name].default == f.default:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        rows.append(f"| `{f.name}` | `{default!r}` | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
