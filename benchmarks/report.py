@@ -47,6 +47,10 @@ def overhead_table(data) -> str:
     return "\n".join(lines)
 
 
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def variance_table(data) -> str:
     out = []
     for h, res in data["results"].items():
@@ -57,27 +61,34 @@ def variance_table(data) -> str:
         Ns = sorted({row["N"] for row in table.values()})
         ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
         out.append(
-            f"Horizon {h} ({len(res['prompts_kept'])} prompts, mean completion {res['mean_completion_tokens']:.0f} "
-            f"tokens, tail bound {res['tail_bound_max']:.1e}). Rescaled variance a^2 Var (95% CI); "
-            "in brackets: raw Var / MSE to the pool reference / scale a."
+            f"**Horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion {res['mean_completion_tokens']:.0f} "
+            f"tokens, tail bound {res['tail_bound_max']:.1e}). Rescaled variance a^2 Var, 95% CI in brackets:"
         )
         out.append("")
         out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
-        out.append("|---|" + "---|" * len(Ns))
+        out.append("|---|" + "---:|" * len(Ns))
         for est in ests:
             cells = []
             for N in Ns:
                 r = table[f"N={N}/{est}"]
                 lo, hi = r["var_scaled_ci"]
-                cells.append(
-                    f"{r['var_scaled']:.3g} ({lo:.3g}-{hi:.3g}) [{r['var']:.3g} / {r['mse']:.3g} / {r['scale']:.2f}]"
-                )
+                cells.append(f"{num(r['var_scaled'])} ({num(lo)}-{num(hi)})")
+            out.append(f"| {est} | " + " | ".join(cells) + " |")
+        out.append("")
+        out.append(f"Horizon {h}, raw variance / MSE to the pool reference / scale a:")
+        out.append("")
+        out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
+        out.append("|---|" + "---:|" * len(Ns))
+        for est in ests:
+            cells = [
+                f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}" for r in (table[f"N={N}/{est}"] for N in Ns)
+            ]
             out.append(f"| {est} | " + " | ".join(cells) + " |")
         match = res.get("grpo_N_matching_otb_N4")
         if match is not None:
             fmt = f"{match:.1f}" if isinstance(match, float) else match
             out.append("")
-            out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt}.")
+            out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt} (log-log interpolation).")
         out.append("")
     return "\n".join(out)
 
@@ -97,7 +108,7 @@ def main():
         data = load(results, stem)
         if data is None:
             continue
-        print(f"### {stem}\n\n`{data['meta']['command']}`\n")
+        print(f"### {stem}\n\n`{data['meta']['command'].strip()}`\n")
         print(fn(data))
         print()
 

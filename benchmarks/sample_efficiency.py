@@ -232,7 +232,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     stem = "sample_efficiency_quick" if args.quick else f"sample_efficiency_{args.model}_{args.task}"
     meta = {
-        "command": "python benchmarks/sample_efficiency.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/sample_efficiency.py", *sys.argv[1:]]),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         **{k: v for k, v in vars(args).items() if k not in ("workdir", "out")},
     }

@@ -360,6 +360,7 @@ def plot(results, Ns, horizons, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, len(horizons) + 1, figsize=(4.2 * (len(horizons) + 1), 3.8))
     for ax, h in zip(axes, horizons):
@@ -375,14 +376,17 @@ def plot(results, Ns, horizons, path):
             ax.fill_between(Ns, lo, hi, color=line.get_color(), alpha=0.12)
         ax.set(xscale="log", yscale="log", xlabel="group size N", title=f"horizon {h}")
         ax.set_xticks(Ns, [str(n) for n in Ns])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_ylabel("rescaled variance (LM head)")
     ax = axes[-1]
     N4 = 4 if 4 in Ns else Ns[0]
     for est in ESTIMATORS:
         ys = [results[str(h)]["table"].get(f"N={N4}/{est}", {}).get("var_scaled", float("nan")) for h in horizons]
         ax.plot(horizons, ys, marker="o", label=est, **(dict(lw=2.5, color="black") if est == "otb" else {}))
-    ax.set(xscale="log", yscale="log", xlabel="horizon (max completion tokens)", title=f"N={N4}")
+    ax.set(xscale="log", xlabel="horizon (max completion tokens)", title=f"N={N4}")
     ax.set_xticks(horizons, [str(h) for h in horizons])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylabel("rescaled variance (LM head)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -402,7 +406,14 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     args = parser.parse_args()
+    if args.replot:
+        stem = Path(args.out) / ("variance_quick" if args.quick else "variance")
+        data = json.loads(stem.with_suffix(".json").read_text())
+        horizons = sorted(int(h) for h in data["results"])
+        plot(data["results"], data["meta"]["Ns"], horizons, stem.with_suffix(".png"))
+        return
     torch.set_num_threads(args.threads)
     q = args.quick
     num_prompts = args.prompts or 3
@@ -459,7 +470,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     stem = "variance_quick" if q else "variance"
     meta = {
-        "command": "python benchmarks/variance.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/variance.py", *sys.argv[1:]]),
         "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
         "prompts_sampled": num_prompts,
         "pool": pool_size,
