@@ -105,6 +105,17 @@ def bench_size(num_prompts, group_size, T, repeats, seed):
     return result
 
 
+def profile_otb(num_prompts=128, group_size=8, T=1024, calls=5):
+    """Share of OTB's CPU time per aten op (full contract on), to see what is left to optimise."""
+    rewards, proxy, mask, group_ids, is_weights = make_inputs(num_prompts, group_size, T)
+    otb = lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", is_weights=is_weights)  # noqa: E731
+    otb()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            otb()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
 def plot(results, path):
     import matplotlib
 
@@ -141,9 +152,13 @@ def main():
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--profile", action="store_true", help="print the torch profile of OTB at 1M tokens, and exit")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile:
+        profile_otb()
+        return
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     repeats = args.repeats or (5 if args.quick else 9)
     results = []
