@@ -106,6 +106,11 @@ def worker(args) -> dict:
     )
     if args.trainer == "otb":
         config, trainer_cls = OTBConfig(**common), OTBTrainer
+    elif args.trainer == "otb_gen":  # prototype: rollout statistics from generation (benchmarks/generation_stats.py)
+        sys.path.insert(0, str(HERE))
+        from generation_stats import GenerationStatsOTBTrainer
+
+        config, trainer_cls = OTBConfig(**common), GenerationStatsOTBTrainer
     else:
         config, trainer_cls = GRPOConfig(**common), GRPOTrainer
 
@@ -157,7 +162,7 @@ def run_subprocess(trainer, model, policy, args) -> dict:
 
 def summarise(runs: list[dict]) -> dict:
     grpo = [r for r in runs if r["trainer"] == "grpo"]
-    otb = [r for r in runs if r["trainer"] == "otb"]
+    otb = [r for r in runs if r["trainer"] != "grpo"]
     pairs = list(zip(grpo, otb))
     out = {}
     for key in ("step_wall_s", "step_cpu_s", "peak_rss_mb"):
@@ -207,7 +212,13 @@ def main():
     parser.add_argument("--verbose", action="store_true")
     # Internal: one run.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--trainer", choices=["grpo", "otb"], help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", choices=["grpo", "otb", "otb_gen"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--candidate",
+        default="otb",
+        choices=["otb", "otb_gen"],
+        help="what is compared with GRPO: OTBTrainer, or the prototype taking its statistics from generation",
+    )
     parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--policy", choices=list(POLICIES), help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -230,7 +241,7 @@ def main():
             config_runs = []
             for pair in range(args.pairs):
                 # Alternate which trainer goes first (ABBA), so a drift in machine load does not favour one.
-                order = ("grpo", "otb") if pair % 2 == 0 else ("otb", "grpo")
+                order = ("grpo", args.candidate) if pair % 2 == 0 else (args.candidate, "grpo")
                 for trainer in order:
                     r = run_subprocess(trainer, model, policy, args)
                     r["pair"] = pair
@@ -253,6 +264,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "overhead_quick" if args.quick else "overhead_" + "_".join(args.models)
+    if args.candidate != "otb":
+        stem += f"_{args.candidate}"
     argv = " ".join(sys.argv[1:])
     meta = {"command": f"python benchmarks/overhead.py {argv}".strip(), "threads": args.threads, "N": N}
     meta["configs"] = {

@@ -118,3 +118,43 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_generation_time_statistics_give_the_same_advantages_without_a_forward(tiny_model_dir, tmp_path):
+    """The on-policy prototype: stats from the sampling step equal the fused pass's, and no log-prob pass runs."""
+    from datasets import Dataset
+    from generation_stats import GenerationStatsOTBTrainer
+
+    from trl_otb import OTBConfig, OTBTrainer
+
+    def reward(completion_ids, **kwargs):
+        return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
+
+    args = OTBConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=1,
+        report_to="none",
+        temperature=0.7,
+    )
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"what is {i} + 1?"}]} for i in range(8)])
+    inputs = [{"prompt": [{"role": "user", "content": f"what is {p} + 1?"}]} for p in range(2) for _ in range(4)]
+    batches, passes = [], []
+    for cls in (OTBTrainer, GenerationStatsOTBTrainer):
+        trainer = cls(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=data)
+        hook = trainer.model.register_forward_hook(
+            lambda m, a, kw, out, name=cls.__name__: passes.append((name, kw.get("fused_lm_head", False))),
+            with_kwargs=True,
+        )
+        torch.manual_seed(0)
+        batches.append(trainer._generate_and_score_completions(inputs))
+        hook.remove()
+    reference, prototype = batches
+    assert torch.equal(reference["completion_ids"], prototype["completion_ids"])
+    assert torch.allclose(reference["advantages"], prototype["advantages"], atol=1e-5)
+    assert ("OTBTrainer", True) in passes
+    assert ("GenerationStatsOTBTrainer", True) not in passes
