@@ -33,6 +33,19 @@ REQUIRED = {
         ),
     ),
     "_calculate_rewards": (("self", "inputs", "prompts", "completions", "completion_ids_list"), ()),
+    # Single-turn HF generation calls `generate` on the model with TRL's config (statistics collected while sampling).
+    "_generate_single_turn": (
+        ("self", "prompt_ids"),
+        ("unwrapped_model.generate(", "generation_config=self.generation_config"),
+    ),
+    "__init__": (
+        ("self", "model", "reward_funcs", "args"),
+        (
+            "self.rollout_func = rollout_func",
+            "self.generation_config = GenerationConfig(",
+            "self.use_transformers_continuous_batching = ",
+        ),
+    ),
     "_get_per_token_logps_and_entropies": (
         ("self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
         ("fused_lm_head=True", "outputs.log_probs[:, -logits_to_keep:]"),

@@ -13,11 +13,13 @@ TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 
 import torch
 from accelerate.utils import is_peft_model
+from transformers import LogitsProcessorList
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
@@ -27,6 +29,7 @@ from .baselines import compute_advantages
 from .config import OTBConfig
 from .metrics import otb_diagnostics
 from .proxy import logit_gradient_proxy, uniform_proxy
+from .rollout_stats import RolloutStatsCollector, scores_are_raw_logits
 
 # Keys of the generation batch that TRL's own log-prob passes forward to the model (multimodal inputs).
 _FORWARD_KEYS = (
@@ -81,6 +84,7 @@ class OTBTrainer(GRPOTrainer):
         self._otb_sink = None  # list while a generation batch is scored: (logps, log_sum_sq_probs) per pass
         self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
         self._otb_rewards_per_func = None
+        self._otb_collector = None  # RolloutStatsCollector of the last single-turn HF generate, if any
         self._otb_power = []  # total_power per generation batch since the last log, for otb/pure_noise
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
@@ -129,12 +133,48 @@ class OTBTrainer(GRPOTrainer):
             self._otb_sink.append((result[0], torch.cat([c[:, -logits_to_keep:] for c in chunks], dim=0)))
         return result
 
+    def _otb_can_collect_during_generation(self) -> bool:
+        """Single-turn HF `generate` whose scores are plain logits: the statistics can be read while sampling."""
+        model_config = getattr(self.model, "generation_config", None)
+        return (
+            self._otb_needs_sum_pi_sq
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and not self.tools
+            and self.rollout_func is None
+            and scores_are_raw_logits(self.generation_config, model_config)
+        )
+
+    def _generate_single_turn(self, *args, **kwargs):
+        self._otb_collector = None
+        if not self._otb_can_collect_during_generation():
+            return super()._generate_single_turn(*args, **kwargs)
+        collector = RolloutStatsCollector(self.temperature)
+        had_own = "generate" in self.model.__dict__
+        original = self.model.generate
+        self.model.generate = functools.partial(original, logits_processor=LogitsProcessorList([collector]))
+        try:
+            result = super()._generate_single_turn(*args, **kwargs)
+        finally:
+            if had_own:
+                self.model.generate = original
+            else:
+                del self.model.generate
+        self._otb_collector = collector
+        return result
+
     def _otb_rollout_stats(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(y_t) and log sum pi^2 of the generation batch: one no-grad pass when TRL ran none."""
+        """log pi(y_t) and log sum pi^2 of the generation batch, from the cheapest source available:
+        TRL's own rollout pass, else the statistics recorded while sampling, else one no-grad pass."""
         old = batch.get("old_per_token_logps")
         for logps, log_sum_sq in self._otb_sink or ():
             if old is not None and logps is old:
                 return logps, log_sum_sq
+        collector, self._otb_collector = self._otb_collector, None
+        if collector is not None:
+            stats = collector.finish(batch["completion_ids"])
+            if stats is not None:
+                return stats
         mode = "train" if self.model.training else "eval"
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
