@@ -102,6 +102,8 @@ def main():
         ("advantages_speed", speed_table),
         ("overhead_tiny", overhead_table),
         ("overhead_smollm2", overhead_table),
+        ("overhead_tiny_otb_gen", overhead_table),
+        ("overhead_smollm2_otb_gen", overhead_table),
         ("variance", variance_table),
     ]
     for stem, fn in sections:
