@@ -11,9 +11,9 @@ trains ``warmup + steps`` optimizer steps with the same seed and reports the per
 run, the medians and the per-pair ratios OTB / GRPO. Torch runs on one thread (``--threads``): CPU time then
 measures the work done, which other jobs on a shared machine do not inflate.
 
-On-policy (the default, one optimizer step per generation) GRPOTrainer runs no log-prob pass at rollout time, so
-OTBTrainer adds one no-grad forward over the generation batch to get pi(y_t) and sum_v pi(v)^2. Off-policy
-(``steps_per_generation=2``) TRL runs that pass itself and OTB's statistics ride along.
+On-policy (the default, one optimizer step per generation) GRPOTrainer runs no log-prob pass at rollout time;
+OTBTrainer then reads pi(y_t) and sum_v pi(v)^2 while ``generate`` samples (or, where it cannot, runs one no-grad
+forward). Off-policy (``steps_per_generation=2``) TRL runs that pass itself and OTB's statistics ride along.
 """
 
 from __future__ import annotations
@@ -106,11 +106,6 @@ def worker(args) -> dict:
     )
     if args.trainer == "otb":
         config, trainer_cls = OTBConfig(**common), OTBTrainer
-    elif args.trainer == "otb_gen":  # prototype: rollout statistics from generation (benchmarks/generation_stats.py)
-        sys.path.insert(0, str(HERE))
-        from generation_stats import GenerationStatsOTBTrainer
-
-        config, trainer_cls = OTBConfig(**common), GenerationStatsOTBTrainer
     else:
         config, trainer_cls = GRPOConfig(**common), GRPOTrainer
 
@@ -210,15 +205,10 @@ def main():
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--tag", default=None, help="suffix of the output file names")
     # Internal: one run.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--trainer", choices=["grpo", "otb", "otb_gen"], help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--candidate",
-        default="otb",
-        choices=["otb", "otb_gen"],
-        help="what is compared with GRPO: OTBTrainer, or the prototype taking its statistics from generation",
-    )
+    parser.add_argument("--trainer", choices=["grpo", "otb"], help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument("--policy", choices=list(POLICIES), help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -241,7 +231,7 @@ def main():
             config_runs = []
             for pair in range(args.pairs):
                 # Alternate which trainer goes first (ABBA), so a drift in machine load does not favour one.
-                order = ("grpo", args.candidate) if pair % 2 == 0 else (args.candidate, "grpo")
+                order = ("grpo", "otb") if pair % 2 == 0 else ("otb", "grpo")
                 for trainer in order:
                     r = run_subprocess(trainer, model, policy, args)
                     r["pair"] = pair
@@ -264,8 +254,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "overhead_quick" if args.quick else "overhead_" + "_".join(args.models)
-    if args.candidate != "otb":
-        stem += f"_{args.candidate}"
+    if args.tag:
+        stem += f"_{args.tag}"
     argv = " ".join(sys.argv[1:])
     meta = {"command": f"python benchmarks/overhead.py {argv}".strip(), "threads": args.threads, "N": N}
     meta["configs"] = {

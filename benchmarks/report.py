@@ -102,8 +102,7 @@ def main():
         ("advantages_speed", speed_table),
         ("overhead_tiny", overhead_table),
         ("overhead_smollm2", overhead_table),
-        ("overhead_tiny_otb_gen", overhead_table),
-        ("overhead_smollm2_otb_gen", overhead_table),
+        ("overhead_smollm2_after_f73f862", overhead_table),
         ("variance", variance_table),
     ]
     for stem, fn in sections:
