@@ -50,7 +50,8 @@ class OTBTerms:
     energy: torch.Tensor
 
 
-def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None):
+def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Tensor:
+    """Validate the shared inputs; return the mask as bool (converted once, reused by the caller)."""
     if proxy.dim() != 2:
         raise ValueError(f"proxy must be [B, T], got shape {tuple(proxy.shape)}.")
     B, T = proxy.shape
@@ -74,6 +75,7 @@ def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None):
             raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
         if B and T and _bad_on_mask(is_weights, m):
             raise ValueError("is_weights must be finite and >= 0 on masked-in tokens (clipped importance ratios).")
+    return m
 
 
 def _bad_on_mask(x: torch.Tensor, m: torch.Tensor) -> bool:
@@ -175,7 +177,7 @@ def otb_terms(
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}.")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
-    _check_inputs(rewards, proxy, mask, group_ids, is_weights)
+    mask = _check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
     _check_reward_range(rewards, dtype)
     B, T = proxy.shape
@@ -319,7 +321,7 @@ def grpo_advantages(
     """
     if scale not in GRPO_SCALES:
         raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}.")
-    _check_inputs(rewards, proxy, mask, group_ids)
+    mask = _check_inputs(rewards, proxy, mask, group_ids)
     dtype = compute_dtype(proxy)
     finite = torch.isfinite(rewards)
     R = torch.where(finite, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
@@ -345,7 +347,7 @@ def rloo_advantages(rewards, proxy, mask, group_ids) -> torch.Tensor:
 
     Equals ``N / (N - 1)`` times unscaled GRPO on a group of N valid members. ``proxy`` is unused.
     """
-    _check_inputs(rewards, proxy, mask, group_ids)
+    mask = _check_inputs(rewards, proxy, mask, group_ids)
     dtype = compute_dtype(proxy)
     valid = _valid_rows(rewards, mask)
     R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
@@ -361,7 +363,7 @@ def opo_advantages(rewards, proxy, mask, group_ids) -> torch.Tensor:
 
     One value per group; a group with one valid member gets baseline 0. ``proxy`` is unused.
     """
-    _check_inputs(rewards, proxy, mask, group_ids)
+    mask = _check_inputs(rewards, proxy, mask, group_ids)
     dtype = compute_dtype(proxy)
     valid = _valid_rows(rewards, mask)
     lengths = mask.bool().sum(dim=1)
@@ -374,7 +376,7 @@ def ogb_advantages(rewards, proxy, mask, group_ids, *, eps: float = 1e-8, is_wei
 
     With ``is_weights``, ``w_t <- w_t rho_bar_t^2`` as in OTB. A group with one valid member gets baseline 0.
     """
-    _check_inputs(rewards, proxy, mask, group_ids, is_weights)
+    mask = _check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
     valid = _valid_rows(rewards, mask)
     w = _token_weights(proxy, mask.bool(), is_weights, dtype)
