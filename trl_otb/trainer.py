@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import textwrap
+import warnings
 
 import torch
 from accelerate.utils import is_peft_model
@@ -27,6 +28,8 @@ from trl.trainer.utils import add_fused_lm_head
 from . import compat
 from .baselines import compute_advantages
 from .config import OTBConfig
+from .fidelity import fidelity_check
+from .fidelity_bnb import guard_4bit_cpu_repack
 from .metrics import otb_diagnostics
 from .proxy import logit_gradient_proxy, uniform_proxy
 from .rollout_stats import RolloutStatsCollector, scores_are_raw_logits
@@ -81,6 +84,9 @@ class OTBTrainer(GRPOTrainer):
                 "GRPOConfig argument plus the OTB options."
             )
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
+        # gradients through them are wrong from then on: keep them on the differentiable path.
+        guard_4bit_cpu_repack(self.model)
         self._otb_sink = None  # list while a generation batch is scored: (logps, log_sum_sq_probs) per pass
         self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
         self._otb_rewards_per_func = None
@@ -216,7 +222,39 @@ class OTBTrainer(GRPOTrainer):
             self._metrics[mode][f"otb/{name}"].append(value)
         if mode == "train":
             self._otb_power.append(diagnostics["total_power"])
+            every = self.args.otb_fidelity_check_steps
+            if every and self.state.global_step % every == 0:
+                self._otb_fidelity(batch)
         return batch
+
+    def _otb_fidelity(self, batch: dict) -> None:
+        """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
+        k = min(self.args.otb_fidelity_rows, batch["completion_ids"].size(0))
+        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        rewards = self._otb_rewards()[self._otb_rows(batch)][:k]
+        report = fidelity_check(
+            self.model,
+            torch.cat([batch["prompt_ids"][:k], batch["completion_ids"][:k]], dim=1),
+            torch.cat([batch["prompt_mask"][:k], batch["completion_mask"][:k]], dim=1),
+            mask[:k],
+            temperature=self.temperature,
+            rewards=torch.nan_to_num(rewards, nan=0.0),
+        )
+        keys = ("token_spearman", "token_pearson", "energy_spearman", "baseline_rel_diff", "seconds_per_token")
+        local = torch.tensor([report.to_dict()[key] or math.nan for key in keys], device=self.accelerator.device)
+        values = self.accelerator.gather(local[None]).nanmean(dim=0).tolist()
+        for key, value in zip(keys, values):
+            self._metrics["train"][f"otb/fidelity/{key}"].append(value)
+        threshold = self.args.otb_fidelity_min_energy_spearman
+        energy = values[keys.index("energy_spearman")]
+        if self.accelerator.is_main_process and energy < threshold:
+            warnings.warn(
+                f"OTB proxy fidelity: the energy W_t from the logit proxy has Spearman {energy:.3f} with the exact "
+                f"one at step {self.state.global_step} (below otb_fidelity_min_energy_spearman={threshold}). The "
+                "baseline may weigh completions poorly on this model/adapter: compare otb_proxy='uniform', or run "
+                "`trl-otb fidelity` (docs/fidelity.md).",
+                stacklevel=2,
+            )
 
     def _otb_local_proxy(self, batch: dict) -> torch.Tensor:
         if not self._otb_needs_sum_pi_sq:
@@ -224,6 +262,18 @@ class OTBTrainer(GRPOTrainer):
         logps, log_sum_sq = self._otb_rollout_stats(batch)
         # Positions whose label is -100 hold 0 in log space; the mask removes them downstream.
         return logit_gradient_proxy(logps, torch.exp(log_sum_sq.float()))
+
+    def _otb_rewards(self) -> torch.Tensor:
+        """[B_global] weighted reward sum, NaN where every reward function returned None (as TRL does)."""
+        rewards_per_func = self._otb_rewards_per_func
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _otb_rows(self, batch: dict) -> slice:
+        """This process's rows of the gathered generation batch."""
+        n = batch["completion_ids"].size(0)
+        return slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
 
     def _otb_gather(self, x: torch.Tensor, pad_value=0) -> torch.Tensor:
         """[B_local, T_local] on each process -> [B_global, T_max] on every process."""
@@ -234,7 +284,7 @@ class OTBTrainer(GRPOTrainer):
         args = self.args
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        B_local, T_local = batch["completion_ids"].shape
+        T_local = batch["completion_ids"].size(1)
         mask = batch["completion_mask"]
         tool_mask = batch.get("tool_mask")
         if tool_mask is not None:
@@ -245,16 +295,13 @@ class OTBTrainer(GRPOTrainer):
             mask = mask * (is_weights > 0).to(mask.dtype)
         align = args.otb_align or ("valid" if tool_mask is not None else "position")
 
-        rewards_per_func = self._otb_rewards_per_func
-        weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = self._otb_rewards()
 
         g_mask = self._otb_gather(mask.to(torch.float32))
         g_proxy = self._otb_gather(proxy.to(torch.float32))
         g_is = None if is_weights is None else self._otb_gather(is_weights.to(torch.float32), pad_value=1.0)
         group_ids = torch.arange(g_mask.size(0), device=g_mask.device) // num_generations
-        rows = slice(self.accelerator.process_index * B_local, (self.accelerator.process_index + 1) * B_local)
+        rows = self._otb_rows(batch)
 
         if args.advantage_estimator == "grpo":
             # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
