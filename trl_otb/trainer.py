@@ -142,8 +142,11 @@ class OTBTrainer(GRPOTrainer):
     def _otb_can_collect_during_generation(self) -> bool:
         """Single-turn HF `generate` whose scores are plain logits: the statistics can be read while sampling."""
         model_config = getattr(self.model, "generation_config", None)
+        # When generation and optimizer steps are misaligned TRL runs its own rollout pass: the statistic rides there.
+        trl_runs_pass = self.args.gradient_accumulation_steps % (self.args.steps_per_generation * self.num_iterations)
         return (
             self._otb_needs_sum_pi_sq
+            and not trl_runs_pass
             and not self.use_vllm
             and not self.use_transformers_continuous_batching
             and not self.tools
