@@ -259,6 +259,7 @@ def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path):
         "--use_peft", "--load_in_4bit",
         "--max_steps", "1",
         "--eval_samples", "1",
+        "--eval_max_new_tokens", "4",
         "--num_train", "8",
         "--per_device_train_batch_size", "4",
         "--max_completion_length", "8",
