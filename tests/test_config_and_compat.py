@@ -7,8 +7,7 @@ import inspect
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_otb import OTBConfig, OTBTrainer
-from trl_otb import compat
+from trl_otb import OTBConfig, OTBTrainer, compat
 from trl_otb.compat import TRLCompatibilityError, check_trl_compatibility
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4)
