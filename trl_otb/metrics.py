@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .baselines import _group_index, _group_sum
+
 __all__ = ["otb_diagnostics"]
 
 
@@ -44,10 +46,8 @@ def otb_diagnostics(
         return dict.fromkeys(keys, 0.0)
 
     energy_last = w.sum(dim=1)[valid]
-    _, gid = torch.unique(group_ids, return_inverse=True)
-    G = int(gid.max()) + 1
-    count = torch.zeros(G, device=R.device).index_add_(0, gid, valid.float())
-    group_mean = (torch.zeros(G, device=R.device).index_add_(0, gid, R) / count.clamp(min=1))[gid]
+    gid, G = _group_index(group_ids)
+    group_mean = (_group_sum(R, gid, G) / _group_sum(valid.float(), gid, G).clamp(min=1))[gid]
     baseline = R[:, None] - A
     differs = ((baseline - group_mean[:, None]).abs() > 1e-6) & m
     a_valid = A[m]

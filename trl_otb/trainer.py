@@ -233,7 +233,7 @@ class OTBTrainer(GRPOTrainer):
     def _otb_fidelity(self, batch: dict) -> None:
         """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
         k = min(self.args.otb_fidelity_rows, batch["completion_ids"].size(0))
-        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        mask = self._otb_loss_mask(batch)
         rewards = self._otb_rewards()[self._otb_rows(batch)][:k]
         report = fidelity_check(
             self.model,
@@ -273,6 +273,12 @@ class OTBTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards
 
+    @staticmethod
+    def _otb_loss_mask(batch: dict) -> torch.Tensor:
+        """Tokens that carry gradient: the completion without tool output (TRL's loss mask)."""
+        tool_mask = batch.get("tool_mask")
+        return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
+
     def _otb_rows(self, batch: dict) -> slice:
         """This process's rows of the gathered generation batch."""
         n = batch["completion_ids"].size(0)
@@ -288,10 +294,8 @@ class OTBTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         T_local = batch["completion_ids"].size(1)
-        mask = batch["completion_mask"]
+        mask = self._otb_loss_mask(batch)
         tool_mask = batch.get("tool_mask")
-        if tool_mask is not None:
-            mask = mask * tool_mask
         is_weights = batch.get("importance_sampling_ratio")
         if is_weights is not None:
             # Masked importance-sampling modes zero a ratio: those tokens (or sequences) leave their group.
