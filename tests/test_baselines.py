@@ -867,3 +867,52 @@ def test_dispatch_forwards_each_estimators_own_options():
     assert_close(got, ogb_advantages(**x, is_weights=isw, eps=1e-3), atol=0, rtol=0)
     # the options actually change the result
     assert not torch.allclose(compute_advantages("otb", **x), want)
+
+
+def test_huge_finite_is_weights_on_masked_out_tokens_do_not_overflow_otb():
+    """The fast path multiplies by the mask; a masked-out ratio whose square overflows must still be ignored."""
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    proxy = torch.rand(3, 4) + 0.1
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0], [1, 0, 0, 0]])
+    clean = torch.full((3, 4), 0.9)
+    dirty = clean.clone()
+    dirty[0, 2] = 1e25  # a hole: 1e50 in fp32 is inf
+    dirty[1, 3] = 1e25  # padding
+    for loo in (False, True):
+        expected = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=clean, leave_one_out=loo)
+        got = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo)
+        for a, b in zip(
+            (got.advantages, got.baseline, got.energy), (expected.advantages, expected.baseline, expected.energy)
+        ):
+            assert_close(a, b, atol=1e-7)
+        adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo)
+        assert_close(adv, expected.advantages, atol=1e-7)
+
+
+def test_masked_in_weight_overflow_is_a_clear_error():
+    mask = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="clip the importance ratios"):
+        otb_advantages(
+            torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]), is_weights=torch.full((2, 3), 1e25)
+        )
+    with pytest.raises(ValueError, match="proxy's sum over a completion overflows"):
+        otb_advantages(torch.tensor([1.0, 0.0]), torch.full((2, 3), 3e38), mask, ids([0, 0]))
+
+
+@pytest.mark.parametrize("align", ["position", "valid"])
+@pytest.mark.parametrize("loo", [False, True])
+def test_advantages_only_path_equals_terms_path(align, loo):
+    """otb_advantages (in place, no terms) and otb_terms(...).advantages agree, with holes, NaN rows and IS."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 12, 9
+    mask = (torch.rand(B, T, generator=g) < 0.8).long()
+    mask[5] = 0
+    rewards = torch.rand(B, generator=g)
+    rewards[2] = NAN
+    proxy = 2 * torch.rand(B, T, generator=g)
+    isw = 0.8 + 0.4 * torch.rand(B, T, generator=g)
+    group_ids = torch.arange(B) // 4
+    kw = dict(is_weights=isw, align=align, leave_one_out=loo)
+    a = otb_advantages(rewards, proxy, mask, group_ids, **kw)
+    b = otb_terms(rewards, proxy, mask, group_ids, **kw).advantages
+    assert torch.equal(a, b)

@@ -66,16 +66,24 @@ def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Ten
     if not proxy.dtype.is_floating_point:
         raise ValueError(f"proxy must be a float tensor, got {proxy.dtype}.")
     m = mask.bool()
-    if B and T and _bad_on_mask(proxy, m):
+    if B and T and not _all_clean(proxy) and _bad_on_mask(proxy, m):
         if (m & ~torch.isfinite(proxy)).any():
             raise ValueError("proxy has non-finite values on masked-in tokens; check the log-probs it was built from.")
         raise ValueError("proxy must be >= 0 on masked-in tokens (w_t is a squared norm).")
     if is_weights is not None:
         if is_weights.dim() != 2 or is_weights.shape[0] != B or is_weights.shape[1] not in (1, T):
             raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
-        if B and T and _bad_on_mask(is_weights, m):
+        if B and T and not _all_clean(is_weights) and _bad_on_mask(is_weights, m):
             raise ValueError("is_weights must be finite and >= 0 on masked-in tokens (clipped importance ratios).")
     return m
+
+
+def _all_clean(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` (masked or not) is finite and >= 0: one fused min/max, no new tensor."""
+    if not x.numel():
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool((lo >= 0) & (hi < float("inf")))
 
 
 def _bad_on_mask(x: torch.Tensor, m: torch.Tensor) -> bool:
@@ -104,19 +112,25 @@ def _check_reward_range(rewards: torch.Tensor, dtype: torch.dtype) -> None:
         )
 
 
-def _token_weights(proxy, m, is_weights, dtype) -> torch.Tensor:
+def _token_weights(proxy, m, is_weights, dtype, check=True) -> torch.Tensor:
     """w_t on masked-in tokens (times rho_bar_t^2 with importance weights), 0 elsewhere.
 
     Selects rather than multiplies, so values on masked-out tokens (inf, NaN) never reach the sums.
+    ``check=False`` leaves the overflow check of w * rho^2 to the caller (OTB checks its cumulative sums).
     """
     zero = torch.zeros((), dtype=dtype, device=proxy.device)
-    w = proxy.to(dtype)
-    if is_weights is not None:
-        w = w * is_weights.to(dtype).expand_as(w) ** 2
+    if is_weights is None:
+        return torch.where(m, proxy.to(dtype), zero)
+    w = is_weights.to(dtype).expand_as(proxy).square()  # a new tensor: the in-place ops below touch only it
+    w.mul_(proxy.to(dtype))
     w = torch.where(m, w, zero)
-    if is_weights is not None and w.numel() and _bad_on_mask(w, m):
-        raise ValueError("proxy * is_weights**2 overflows; clip the importance ratios (e.g. to <= 10).")
+    if check and w.numel() and _bad_on_mask(w, m):
+        raise _overflow_error()
     return w
+
+
+def _overflow_error() -> ValueError:
+    return ValueError("proxy * is_weights**2 overflows; clip the importance ratios (e.g. to <= 10).")
 
 
 def _valid_rows(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -171,46 +185,108 @@ def otb_terms(
     leave_one_out: bool = False,
 ) -> OTBTerms:
     """OTB advantages with the baseline and energy they came from. See :func:`otb_advantages`."""
+    return _otb(
+        rewards,
+        proxy,
+        mask,
+        group_ids,
+        eps=eps,
+        tail=tail,
+        is_weights=is_weights,
+        align=align,
+        leave_one_out=leave_one_out,
+        return_terms=True,
+    )
+
+
+def _otb(
+    rewards: torch.Tensor,
+    proxy: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    eps: float = 1e-8,
+    tail: str = "zero",
+    is_weights: torch.Tensor | None = None,
+    align: str = "position",
+    leave_one_out: bool = False,
+    return_terms: bool = True,
+) -> OTBTerms | torch.Tensor:
+    """OTB's computation; with ``return_terms=False`` only the advantages (fewer passes, no extra tensors).
+
+    Speed notes (this runs on every step, over up to millions of tokens): on CPU a fresh ``[B, T]`` tensor costs
+    about as much as the arithmetic on it, and a select (``torch.where``) or a multiply by a *bool* mask several
+    times a multiply by a float mask. So the mask is made float once, the inputs are checked with one global
+    min/max (the exact masked check runs only when that finds something), and the rest works in place on the
+    tensors this function created.
+    """
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}.")
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}.")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
-    mask = _check_inputs(rewards, proxy, mask, group_ids, is_weights)
+    m = _check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
     _check_reward_range(rewards, dtype)
     B, T = proxy.shape
-    valid = _valid_rows(rewards, mask)
-    m = mask.bool() & valid[:, None]
     zero = torch.zeros((), dtype=dtype, device=proxy.device)
+    mf = m.to(dtype)
+    lengths = mf.sum(dim=1)
+    valid = torch.isfinite(rewards) & (lengths > 0)
+    if not bool(valid.all()):
+        m = m & valid[:, None]
+        mf.mul_(valid[:, None].to(dtype))
+        lengths = lengths * valid.to(dtype)
     R = torch.where(valid, rewards.to(dtype), zero)
-    w = _token_weights(proxy, m, is_weights, dtype)
 
+    def cumulative_weights(fast: bool) -> torch.Tensor:
+        if fast:  # every value finite and >= 0, masked or not: multiplying by the float mask is the select
+            if is_weights is None:
+                w = proxy.to(dtype) * mf
+            else:
+                rho = is_weights.to(dtype).expand_as(proxy)
+                w = rho * rho
+                w.mul_(proxy.to(dtype)).mul_(mf)
+        else:  # inf/NaN on masked-out tokens: they must not reach the sums
+            w = _token_weights(proxy, m, is_weights, dtype, check=False)
+        if align == "valid":
+            w, state["index"] = _left_compact(w, m)
+        return w.cumsum_(dim=1)
+
+    state = {}
+    fast = _all_clean(proxy) and (is_weights is None or _all_clean(is_weights))
+    energy = cumulative_weights(fast)
+    # w is 0 off the mask, so the row totals (the last cumulative sums) are finite exactly when every w_t is:
+    # one check on B numbers instead of a pass over [B, T].
+    if B and T and not bool(torch.isfinite(energy[:, -1]).all()) and fast:
+        energy = cumulative_weights(False)  # a huge masked-out value may have overflowed: use the selects
+    if B and T and not bool(torch.isfinite(energy[:, -1]).all()):
+        if is_weights is not None:
+            raise _overflow_error()
+        raise ValueError("the proxy's sum over a completion overflows; the proxy is a per-token weight (w_t <= 2).")
     if align == "valid":
-        w, index = _left_compact(w, m)
-        lengths = m.sum(dim=1)
+        index = state["index"]
         m = torch.arange(T, device=m.device)[None, :] < lengths[:, None]
-    # Selects (torch.where) rather than multiplications by a float mask: one pass each, no mask cast.
-    energy = torch.where(m, torch.cumsum(w, dim=1), zero)
+        mf = m.to(dtype)
+    energy.mul_(mf)  # finite now, so the multiply is the select
 
     gid, G = _group_index(group_ids)
     if leave_one_out:
         # Sums in fp64 so that subtracting a member's own share does not cancel catastrophically.
-        mf = m.to(dtype)
         num = _group_sum((R[:, None] * energy).double(), gid, G)[gid] - (R[:, None] * energy).double()
         den = _group_sum(energy.double(), gid, G)[gid] - energy.double()
         others = _group_sum(mf, gid, G)[gid] - mf
         baseline = torch.where(others > 0, _safe_divide(num, den + eps), torch.zeros_like(num)).to(dtype)
     else:
-        num = _group_sum(R[:, None] * energy, gid, G)
         den = _group_sum(energy, gid, G)
+        # R W: in place when the energy is not returned.
+        num = _group_sum(energy * R[:, None] if return_terms else energy.mul_(R[:, None]), gid, G)
         n_valid = _group_sum(valid.to(dtype), gid, G)
         # Per group ([G, T]) before broadcasting to rows: a singleton group's baseline is 0.
         group_baseline = torch.where(n_valid[:, None] == 1, zero, _safe_divide(num, den + eps))
-        baseline = group_baseline[gid]
+        baseline = group_baseline.index_select(0, gid)
         if tail == "zero":
-            lengths = m.sum(dim=1).to(dtype)
             longest = _group_max(lengths, gid, G)[gid]
             is_longest = valid & (lengths == longest)
             unique_longest = _group_sum(is_longest.to(dtype), gid, G)[gid] == 1
@@ -221,8 +297,12 @@ def otb_terms(
                 positions = torch.arange(T, device=m.device, dtype=dtype)[None, :]
                 baseline[rows] = torch.where(positions >= second[rows, None], zero, baseline[rows])
 
-    baseline = torch.where(m, baseline, zero)
-    advantages = torch.where(m, R[:, None] - baseline, zero)
+    # The baseline is finite (the reward range is checked; den >= eps, or the quotient is 0): masks multiply.
+    if not return_terms:
+        advantages = baseline.neg_().add_(R[:, None]).mul_(mf)
+        return _scatter_back(advantages, index) if align == "valid" else advantages
+    advantages = torch.sub(R[:, None], baseline).mul_(mf)
+    baseline.mul_(mf)
     if align == "valid":
         advantages, baseline, energy = (_scatter_back(x, index) for x in (advantages, baseline, energy))
     return OTBTerms(advantages=advantages, baseline=baseline, energy=energy)
@@ -273,7 +353,7 @@ def otb_advantages(
     Returns:
         ``[B, T]`` advantages in fp32 (fp64 when ``proxy`` is fp64), finite for finite inputs.
     """
-    return otb_terms(
+    return _otb(
         rewards,
         proxy,
         mask,
@@ -283,7 +363,8 @@ def otb_advantages(
         is_weights=is_weights,
         align=align,
         leave_one_out=leave_one_out,
-    ).advantages
+        return_terms=False,
+    )
 
 
 def _sequence_advantages(rewards, baseline, mask, valid, dtype):
