@@ -1,6 +1,7 @@
-"""Gradient variance of the advantage estimators, exactly, in the output-projection (LM head) parameter space.
+"""Gradient variance of the advantage estimators, in the LM head's and in a LoRA adapter's parameter space.
 
     python benchmarks/variance.py            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
+    python benchmarks/variance.py --task count --pool 16 --horizons 256 512 1024   # long answers, LM head only
     python benchmarks/variance.py --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
 
 Method. For each prompt, a pool of M completions is sampled once (temperature 1) at the longest horizon and scored
@@ -20,7 +21,21 @@ No V x H gradient is ever formed. The probabilities are exact on a vocabulary su
 pool plus each position's top-k); the only term left out is the part of <pi_a, pi_b> outside S, bounded by
 min(m_a r_b, m_b r_a) (m: largest probability outside S, r: mass outside S), reported as ``tail_bound``.
 
-Reported per horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
+In the LoRA adapter's space (``--spaces lora``; r=16, alpha=32, every linear layer of the body, as in
+``examples/recipes/cpu_smollm2_lora.yaml``, at its initialisation, where B = 0 and only the B matrices get gradient)
+there is no closed form: the gradient of log pi(y_t) with respect to every adapter weight is computed for every pool
+token, by per-example gradients (each token's loss in its own copy of the sequence, truncated after that token; the
+per-copy weight gradient is sum_pos grad_out^T input, read by hooks). These are projected by a fixed CountSketch to
+``--sketch-dim`` coordinates (unbiased for inner products, relative error about sqrt(2 / dim) on a squared norm:
+0.6% at 2^16; ``--sketch-dim 0`` keeps them exact), and K = S S^T. The cost is quadratic in the completion length,
+which is why the long-answer run stays in the LM head.
+
+Tasks. ``math``: the generated math prompts, accuracy reward, temperature 1. ``count``: "List the numbers from 1 to
+n, separated by commas." for n in ``--count-targets``, sampled at temperature 0.7 (at 1.0 the embedded model does not
+count); the answer needs about 4 tokens per number (n = 200: ~850 tokens), and the reward is the share of 1..n listed
+in order before the first mistake, halved if the list does not end at n.
+
+Reported per space, horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
 - ``var``: E||g - E g||^2, the variance around the estimator's own mean;
 - ``mse``: E||g - g_ref||^2 against the pool reference g_ref = (1/M) sum_j (R_j - mean_k R_k) S_j, the policy
   gradient of the pool's empirical distribution (RLOO on groups drawn from it is unbiased for it);
@@ -88,13 +103,16 @@ def head_statistics(model, input_ids, attention_mask, completion_ids, temperatur
 
 
 def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, temperature=1.0, top_k=64):
-    """Sample ``pool_size`` completions per prompt and collect the head statistics of every completion token."""
+    """Sample ``pool_size`` completions per prompt and collect the head statistics of every completion token.
+
+    Returns (pools, prompt_ids): per prompt, a list of completion dicts and the prompt's token ids."""
     tokenizer.padding_side = "left"
-    pools = []
+    pools, prompt_ids = [], []
     eos = tokenizer.eos_token_id
     for p_index, prompt in enumerate(prompts):
         text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         enc = tokenizer([text], return_tensors="pt", add_special_tokens=False)
+        prompt_ids.append(enc["input_ids"][0])
         completions = []
         for start in range(0, pool_size, batch_size):
             n = min(batch_size, pool_size - start)
@@ -119,12 +137,18 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
             comp = torch.where(mask, comp, torch.full_like(comp, tokenizer.pad_token_id))
             input_ids = torch.cat([enc["input_ids"].expand(n, -1), comp], dim=1)
             attention_mask = torch.cat([enc["attention_mask"].expand(n, -1), mask.long()], dim=1)
-            # Chunks of 8 sequences: the full-vocabulary logits of a chunk are the largest tensor held.
+            # Chunks of at most 4096 tokens: the full-vocabulary logits of a chunk are the largest tensor held.
+            step = max(1, min(8, 4096 // input_ids.shape[1]))
             stats = [
                 head_statistics(
-                    model, input_ids[i : i + 8], attention_mask[i : i + 8], comp[i : i + 8], temperature, top_k
+                    model,
+                    input_ids[i : i + step],
+                    attention_mask[i : i + step],
+                    comp[i : i + step],
+                    temperature,
+                    top_k,
                 )
-                for i in range(0, n, 8)
+                for i in range(0, n, step)
             ]
             h, log_z, logp_y, sum_sq, top = (torch.cat(parts) for parts in zip(*stats))
             for i in range(n):
@@ -143,7 +167,7 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
         print(
             f"  pool {p_index + 1}/{len(prompts)} sampled, lengths {[len(c['ids']) for c in completions]}", flush=True
         )
-    return pools
+    return pools, prompt_ids
 
 
 def token_gram(completions, head_weight, temperature=1.0):
@@ -156,15 +180,96 @@ def token_gram(completions, head_weight, temperature=1.0):
     # Exact probabilities on the subset: head rows of S times h, normalised by the full-vocabulary log Z.
     p_s = torch.exp((h.float() @ head_weight[subset].float().T) / temperature - log_z[:, None]).double()
     col = torch.searchsorted(subset, ids)
+    # In place, one [n, n] temporary at a time: at 16k tokens each [n, n] fp64 matrix is 2 GB.
+    K = p_s @ p_s.T  # <pi_a, pi_b> on the subset
     p_at_y = p_s[:, col]  # [a, b] = pi_a(y_b)
-    same = (ids[:, None] == ids[None, :]).double()
-    prob_gram = same - p_at_y - p_at_y.T + p_s @ p_s.T
+    K.sub_(p_at_y).sub_(p_at_y.T)
+    del p_at_y
+    K.add_(ids[:, None] == ids[None, :])
+    K.mul_(h @ h.T)
     tail_mass = (1 - p_s.sum(1)).clamp(min=0)
     # Largest probability outside S is at most the k-th largest (the top-k are in S).
     kth = torch.exp((h.float() * head_weight[top[:, -1]].float()).sum(-1) / temperature - log_z).double()
-    bound = torch.minimum(kth[:, None] * tail_mass[None, :], tail_mass[:, None] * kth[None, :])
-    K = prob_gram * (h @ h.T)
-    return K, float(bound.max()), int(subset.numel())
+    bound = max(
+        float(
+            torch.minimum(
+                kth[i : i + 1024, None] * tail_mass[None, :], tail_mass[i : i + 1024, None] * kth[None, :]
+            ).max()
+        )
+        for i in range(0, len(kth), 1024)
+    )
+    return K, bound, int(subset.numel())
+
+
+def attach_adapter(model, r=16, alpha=32):
+    """The LoRA adapter of ``examples/recipes/cpu_smollm2_lora.yaml`` (every linear layer of the body), at init."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def adapter_token_gradients(model, prompt_ids, completions, sketch_dim=2**16, temperature=1.0, chunk=16, seed=0):
+    """Per completion, S [T, D]: the gradient of log pi(y_t) w.r.t. every trainable Linear weight, one row per token.
+
+    ``model`` is a causal LM whose trainable weights are all in ``nn.Linear`` modules (a PEFT LoRA model). Token t's
+    gradient is a per-example gradient: the sequence is copied once per token of a chunk, copy j scores only its own
+    token, and the weight gradient of copy j is sum_pos grad_out[j, pos]^T input[j, pos] (hooks read both). With
+    ``sketch_dim`` > 0 each gradient is projected by a fixed CountSketch (coordinate i of the flattened weights goes
+    to bucket b_i with sign s_i, so <Sx, Sy> is unbiased for <x, y>); with 0 the rows are the exact gradients.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
+    if not layers:
+        raise ValueError("The model has no trainable nn.Linear weights: attach an adapter first (attach_adapter).")
+    sizes = [m.weight.numel() for m in layers]
+    generator = torch.Generator().manual_seed(seed)
+    if sketch_dim:
+        buckets = [torch.randint(sketch_dim, (n,), generator=generator) for n in sizes]
+        signs = [torch.randint(0, 2, (n,), generator=generator).float() * 2 - 1 for n in sizes]
+    starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+    dim = sketch_dim or starts[-1]
+    state = {}
+
+    def forward_hook(index):
+        def hook(module, args, out):
+            x = args[0].detach()
+
+            def on_grad(grad_out):
+                per_copy = torch.einsum("blo,bli->boi", grad_out.float(), x.float()).flatten(1)  # [k, numel]
+                if sketch_dim:
+                    state["S"].index_add_(1, buckets[index], per_copy * signs[index])
+                else:
+                    state["S"][:, starts[index] : starts[index + 1]] += per_copy
+
+            out.register_hook(on_grad)
+
+        return hook
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = base.get_decoder(), base.get_output_embeddings()
+    handles = [m.register_forward_hook(forward_hook(i)) for i, m in enumerate(layers)]
+    out = []
+    try:
+        for comp in completions:
+            T, Lp = len(comp), len(prompt_ids)
+            seq = torch.cat([prompt_ids, comp])
+            rows = []
+            for t0 in range(0, T, chunk):
+                t1 = min(T, t0 + chunk)
+                k = t1 - t0
+                state["S"] = torch.zeros(k, dim)
+                # Copy j predicts completion token t0 + j from position Lp + t0 + j - 1; later positions are cut.
+                hidden = body(input_ids=seq[: Lp + t1 - 1].expand(k, -1)).last_hidden_state
+                h = hidden[torch.arange(k), Lp + torch.arange(t0, t1) - 1]
+                logp = torch.log_softmax(head(h).float() / temperature, dim=-1).gather(1, comp[t0:t1, None])
+                logp.sum().backward()
+                model.zero_grad(set_to_none=True)
+                rows.append(state.pop("S"))
+            out.append(torch.cat(rows))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -326,7 +431,23 @@ def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scal
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def setup(quick: bool, num_prompts: int, seed: int):
+def count_reward(text: str, n: int) -> float:
+    """Share of 1..n listed in order (the longest run 1, 2, 3, ... in the text, so a preamble such as "from 1 to
+    100:" does not count against it), halved unless the run reaches n and nothing follows it."""
+    import re
+
+    numbers = [int(x) for x in re.findall(r"\d+", text)]
+    best, complete = 0, False
+    for start in (i for i, x in enumerate(numbers) if x == 1):
+        run = 0
+        while start + run < len(numbers) and run < n and numbers[start + run] == run + 1:
+            run += 1
+        if run > best:
+            best, complete = run, run == n and start + run == len(numbers)
+    return best / n * (1.0 if complete else 0.5)
+
+
+def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_targets=(120, 160, 200)):
     """(model, tokenizer, prompts, reward_fn(completion_ids, texts, prompt_index) -> list[float])."""
     if quick:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -345,6 +466,16 @@ def setup(quick: bool, num_prompts: int, seed: int):
     from trl_otb.rewards import accuracy_reward
 
     model, tokenizer = load_model_and_tokenizer(dtype=torch.float32)
+    if task == "count":
+        targets = list(count_targets)
+        prompts = [
+            [{"role": "user", "content": f"List the numbers from 1 to {n}, separated by commas."}] for n in targets
+        ]
+
+        def reward(ids, texts, p):
+            return [count_reward(t, targets[p]) for t in texts]
+
+        return model, tokenizer, prompts, reward
     data = load_math_dataset(split="train", num_train=num_prompts, seed=seed)
     prompts = [row["prompt"] for row in data]
     answers = [row["answer"] for row in data]
@@ -355,39 +486,50 @@ def setup(quick: bool, num_prompts: int, seed: int):
     return model, tokenizer, prompts, reward
 
 
+SPACE_LABELS = {"lm_head": "LM head", "lora": "LoRA adapter"}
+
+
 def plot(results, Ns, horizons, path):
+    """One row per parameter space: rescaled variance against N at each horizon, and at N=4 against horizon."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, len(horizons) + 1, figsize=(4.2 * (len(horizons) + 1), 3.8))
-    for ax, h in zip(axes, horizons):
-        table = results[str(h)]["table"]
-        if not table:
-            continue
+    spaces = list(results)
+    cols = len(horizons) + 1
+    fig, grid = plt.subplots(len(spaces), cols, figsize=(4.2 * cols, 3.8 * len(spaces)), squeeze=False)
+    for axes, space in zip(grid, spaces):
+        label = f"rescaled variance ({SPACE_LABELS.get(space, space)})"
+        for ax, h in zip(axes, horizons):
+            table = results[space][str(h)]["table"]
+            if not table:
+                continue
+            for est in ESTIMATORS:
+                y = [table[f"N={N}/{est}"]["var_scaled"] for N in Ns]
+                lo = [table[f"N={N}/{est}"]["var_scaled_ci"][0] for N in Ns]
+                hi = [table[f"N={N}/{est}"]["var_scaled_ci"][1] for N in Ns]
+                style = dict(lw=2.5, color="black") if est == "otb" else {}
+                line = ax.plot(Ns, y, marker="o", label=est, **style)[0]
+                ax.fill_between(Ns, lo, hi, color=line.get_color(), alpha=0.12)
+            ax.set(xscale="log", yscale="log", xlabel="group size N", title=f"horizon {h}")
+            ax.set_xticks(Ns, [str(n) for n in Ns])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_ylabel(label)
+        ax = axes[-1]
+        N4 = 4 if 4 in Ns else Ns[0]
         for est in ESTIMATORS:
-            y = [table[f"N={N}/{est}"]["var_scaled"] for N in Ns]
-            lo = [table[f"N={N}/{est}"]["var_scaled_ci"][0] for N in Ns]
-            hi = [table[f"N={N}/{est}"]["var_scaled_ci"][1] for N in Ns]
-            style = dict(lw=2.5, color="black") if est == "otb" else {}
-            line = ax.plot(Ns, y, marker="o", label=est, **style)[0]
-            ax.fill_between(Ns, lo, hi, color=line.get_color(), alpha=0.12)
-        ax.set(xscale="log", yscale="log", xlabel="group size N", title=f"horizon {h}")
-        ax.set_xticks(Ns, [str(n) for n in Ns])
+            ys = [
+                results[space][str(h)]["table"].get(f"N={N4}/{est}", {}).get("var_scaled", float("nan"))
+                for h in horizons
+            ]
+            ax.plot(horizons, ys, marker="o", label=est, **(dict(lw=2.5, color="black") if est == "otb" else {}))
+        ax.set(xscale="log", xlabel="horizon (max completion tokens)", title=f"N={N4}")
+        ax.set_xticks(horizons, [str(h) for h in horizons])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_ylabel("rescaled variance (LM head)")
-    ax = axes[-1]
-    N4 = 4 if 4 in Ns else Ns[0]
-    for est in ESTIMATORS:
-        ys = [results[str(h)]["table"].get(f"N={N4}/{est}", {}).get("var_scaled", float("nan")) for h in horizons]
-        ax.plot(horizons, ys, marker="o", label=est, **(dict(lw=2.5, color="black") if est == "otb" else {}))
-    ax.set(xscale="log", xlabel="horizon (max completion tokens)", title=f"N={N4}")
-    ax.set_xticks(horizons, [str(h) for h in horizons])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_ylabel("rescaled variance (LM head)")
-    ax.legend(fontsize=7)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -395,28 +537,45 @@ def plot(results, Ns, horizons, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
+    parser.add_argument("--task", default="math", choices=["math", "count"])
+    parser.add_argument(
+        "--spaces",
+        nargs="+",
+        default=None,
+        choices=list(SPACE_LABELS),
+        help="parameter spaces (default: both for math, lm_head for count)",
+    )
     parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 3, quick 3)")
+    parser.add_argument("--count-targets", type=int, nargs="+", default=[120, 160, 200], help="n of the count task")
     parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 16, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
     parser.add_argument("--Ns", type=int, nargs="+", default=None, help="group sizes (default 2 4 8 16)")
     parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 100)")
     parser.add_argument("--bootstrap", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (math 1.0, count 0.7)")
     parser.add_argument("--batch-size", type=int, default=32, help="completions per generate call")
     parser.add_argument("--top-k", type=int, default=64, help="per-token top-k kept in the vocabulary subset")
+    parser.add_argument(
+        "--sketch-dim", type=int, default=None, help="LoRA gradient sketch size (default 65536, quick 0 = exact)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     args = parser.parse_args()
+    q = args.quick
+    stem = "variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}")
     if args.replot:
-        stem = Path(args.out) / ("variance_quick" if args.quick else "variance")
-        data = json.loads(stem.with_suffix(".json").read_text())
-        horizons = sorted(int(h) for h in data["results"])
-        plot(data["results"], data["meta"]["Ns"], horizons, stem.with_suffix(".png"))
+        path = Path(args.out) / stem
+        data = json.loads(path.with_suffix(".json").read_text())
+        horizons = sorted(int(h) for h in next(iter(data["results"].values())))
+        plot(data["results"], data["meta"]["Ns"], horizons, path.with_suffix(".png"))
         return
     torch.set_num_threads(args.threads)
-    q = args.quick
-    num_prompts = args.prompts or 3
+    spaces = args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"])
+    temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
+    sketch_dim = args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16)
+    num_prompts = len(args.count_targets) if args.task == "count" and not q else (args.prompts or 3)
     pool_size = args.pool or (12 if q else 16)
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
@@ -425,60 +584,92 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
 
     start = time.perf_counter()
-    model, tokenizer, prompts, reward_fn = setup(q, num_prompts, args.seed)
+    model, tokenizer, prompts, reward_fn = setup(q, num_prompts, args.seed, args.task, args.count_targets)
     model.eval()
     head_weight = model.get_output_embeddings().weight.detach()
-    pools = sample_pool(model, tokenizer, prompts, pool_size, max(horizons), args.batch_size, top_k=args.top_k)
+    pools, prompt_ids = sample_pool(
+        model, tokenizer, prompts, pool_size, max(horizons), args.batch_size, temperature, args.top_k
+    )
     sampled_s = time.perf_counter() - start
-    results = {}
+    adapter_rows, adapter_s = None, 0.0
+    if "lora" in spaces:
+        t0 = time.perf_counter()
+        adapter = attach_adapter(model)
+        adapter.eval()
+        adapter_rows = []
+        for p, comps in enumerate(pools):
+            rows = adapter_token_gradients(adapter, prompt_ids[p], [c["ids"] for c in comps], sketch_dim, temperature)
+            adapter_rows.append(torch.cat(rows))
+            print(f"  adapter gradients of pool {p + 1}/{len(pools)}: {adapter_rows[-1].shape[0]} tokens", flush=True)
+        adapter_s = time.perf_counter() - t0
+    results = {space: {} for space in spaces}
     for h in horizons:
-        per_prompt, kept, bounds, subset_sizes, mean_len = [], [], [], [], []
+        per_prompt = {space: [] for space in spaces}
+        kept, bounds, subset_sizes, mean_len = [], [], [], []
         for p, comps in enumerate(pools):
             ids = [c["ids"][:h] for c in comps]
             texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
             rewards = reward_fn([x.tolist() for x in ids], texts, p)
             if len(set(rewards)) < 2:
                 continue
-            cut = [{k: v[:h] for k, v in c.items()} for c in comps]
-            K, bound, subset = token_gram(cut, head_weight)
             R, proxy, mask = prompt_tensors(comps, rewards, h)
-            per_prompt.append(analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator))
+            grams = {}
+            if "lm_head" in spaces:
+                cut = [{k: v[:h] for k, v in c.items()} for c in comps]
+                grams["lm_head"], bound, subset = token_gram(cut, head_weight, temperature)
+                bounds.append(bound)
+                subset_sizes.append(subset)
+            if "lora" in spaces:
+                S = adapter_rows[p][horizon_token_index(comps, h)].double()
+                grams["lora"] = S @ S.T
+            # The same random groups in every space: one generator state per prompt, replayed.
+            state = generator.get_state()
+            for space, K in grams.items():
+                generator.set_state(state)
+                per_prompt[space].append(analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator))
             kept.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards)})
-            bounds.append(bound)
-            subset_sizes.append(subset)
             mean_len.append(float(mask.sum(1).float().mean()))
-        table = summarise(per_prompt, Ns, args.bootstrap, generator) if per_prompt else {}
-        answer = matching_n(table, Ns) if table and 4 in Ns else None
-        results[str(h)] = {
-            "horizon": h,
-            "prompts_kept": kept,
-            "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
-            "tail_bound_max": max(bounds, default=0.0),
-            "vocab_subset_sizes": subset_sizes,
-            "grpo_N_matching_otb_N4": answer,
-            "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
-            "table": table,
-        }
-        print(f"horizon {h}: {len(kept)} prompts kept, mean length {results[str(h)]['mean_completion_tokens']:.1f}")
-        for key, row in table.items():
+        for space in spaces:
+            table = summarise(per_prompt[space], Ns, args.bootstrap, generator) if per_prompt[space] else {}
+            answer = matching_n(table, Ns) if table and 4 in Ns else None
+            results[space][str(h)] = {
+                "horizon": h,
+                "prompts_kept": kept,
+                "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
+                "tail_bound_max": max(bounds, default=0.0) if space == "lm_head" else 0.0,
+                "vocab_subset_sizes": subset_sizes if space == "lm_head" else [],
+                "grpo_N_matching_otb_N4": answer,
+                "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
+                "table": table,
+            }
             print(
-                f"  {key:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
-                f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+                f"{space}, horizon {h}: {len(kept)} prompts kept, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
             )
-        print(f"  GRPO N matching OTB at N=4 (rescaled variance): {answer}")
+            for key, row in table.items():
+                print(
+                    f"  {key:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
+                    f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+                )
+            print(f"  GRPO N matching OTB at N=4 (rescaled variance): {answer}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "variance_quick" if q else "variance"
     meta = {
         "command": " ".join(["python benchmarks/variance.py", *sys.argv[1:]]),
         "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
+        "task": "synthetic" if q else args.task,
+        "spaces": spaces,
+        "temperature": temperature,
         "prompts_sampled": num_prompts,
         "pool": pool_size,
         "Ns": Ns,
         "groups_per_prompt": num_groups,
         "bootstrap": args.bootstrap,
         "top_k": args.top_k,
+        "lora": {"r": 16, "alpha": 32, "target_modules": "all-linear", "sketch_dim": sketch_dim}
+        if "lora" in spaces
+        else None,
         "sampling_seconds": sampled_s,
+        "adapter_gradient_seconds": adapter_s,
         "total_seconds": time.perf_counter() - start,
     }
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
