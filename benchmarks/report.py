@@ -51,18 +51,29 @@ def num(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
+SPACES = {"lm_head": "LM head", "lora": "LoRA adapter"}
+
+
 def variance_table(data) -> str:
     out = []
-    for h, res in data["results"].items():
+    for space, by_horizon in data["results"].items():
+        out += _variance_space(SPACES.get(space, space), by_horizon)
+    return "\n".join(out)
+
+
+def _variance_space(space: str, by_horizon: dict) -> list[str]:
+    out = []
+    for h, res in by_horizon.items():
         table = res["table"]
         if not table:
-            out.append(f"Horizon {h}: no prompt with varying rewards.")
+            out.append(f"{space}, horizon {h}: no prompt with varying rewards.")
             continue
         Ns = sorted({row["N"] for row in table.values()})
         ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
+        bound = f", tail bound {res['tail_bound_max']:.1e}" if res["tail_bound_max"] else ""
         out.append(
-            f"**Horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion {res['mean_completion_tokens']:.0f} "
-            f"tokens, tail bound {res['tail_bound_max']:.1e}). Rescaled variance a^2 Var, 95% CI in brackets:"
+            f"**{space}, horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion "
+            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, 95% CI in brackets:"
         )
         out.append("")
         out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
@@ -75,7 +86,7 @@ def variance_table(data) -> str:
                 cells.append(f"{num(r['var_scaled'])} ({num(lo)}-{num(hi)})")
             out.append(f"| {est} | " + " | ".join(cells) + " |")
         out.append("")
-        out.append(f"Horizon {h}, raw variance / MSE to the pool reference / scale a:")
+        out.append(f"{space}, horizon {h}, raw variance / MSE to the pool reference / scale a:")
         out.append("")
         out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
         out.append("|---|" + "---:|" * len(Ns))
@@ -90,7 +101,26 @@ def variance_table(data) -> str:
             out.append("")
             out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt} (log-log interpolation).")
         out.append("")
-    return "\n".join(out)
+    return out
+
+
+def efficiency_table(data) -> str:
+    target = data["meta"]["target"]
+    seeds = sorted({r["seed"] for r in data["runs"]})
+    lines = [
+        f"| arm | tokens to reach {target} per seed ({', '.join(map(str, seeds))}) | reached | median tokens | "
+        "final score median (min-max) | tokens used | steps | minutes per run |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for arm, s in data["summary"].items():
+        per_seed = ", ".join("-" if t is None else f"{t:.0f}" for t in s["tokens_to_target"].values())
+        median = "not reached" if s["median_tokens"] is None else f"{s['median_tokens']:.0f}"
+        f = s["final_score"]
+        lines.append(
+            f"| {arm} | {per_seed} | {s['reached']} | {median} | {f['median']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
+            f"{s['tokens_consumed']:.0f} | {s['steps']:.0f} | {s['seconds'] / 60:.1f} |"
+        )
+    return "\n".join(lines)
 
 
 def main():
@@ -104,6 +134,8 @@ def main():
         ("overhead_smollm2", overhead_table),
         ("overhead_smollm2_after_f73f862", overhead_table),
         ("variance", variance_table),
+        ("variance_count", variance_table),
+        ("sample_efficiency_embedded_math", efficiency_table),
     ]
     for stem, fn in sections:
         data = load(results, stem)
