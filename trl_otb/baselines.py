@@ -125,12 +125,12 @@ def _token_weights(proxy, m, is_weights, dtype, check=True) -> torch.Tensor:
     w.mul_(proxy.to(dtype))
     w = torch.where(m, w, zero)
     if check and w.numel() and _bad_on_mask(w, m):
-        raise _overflow_error()
+        _raise_overflow()
     return w
 
 
-def _overflow_error() -> ValueError:
-    return ValueError("proxy * is_weights**2 overflows; clip the importance ratios (e.g. to <= 10).")
+def _raise_overflow() -> None:
+    raise ValueError("proxy * is_weights**2 overflows; clip the importance ratios (e.g. to <= 10).")
 
 
 def _valid_rows(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -263,7 +263,7 @@ def _otb(
         energy = cumulative_weights(False)  # a huge masked-out value may have overflowed: use the selects
     if B and T and not bool(torch.isfinite(energy[:, -1]).all()):
         if is_weights is not None:
-            raise _overflow_error()
+            _raise_overflow()
         raise ValueError("the proxy's sum over a completion overflows; the proxy is a per-token weight (w_t <= 2).")
     if align == "valid":
         index = state["index"]

@@ -28,7 +28,7 @@ from trl.trainer.utils import add_fused_lm_head
 from . import compat
 from .baselines import compute_advantages
 from .config import OTBConfig
-from .fidelity import fidelity_check
+from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .fidelity_bnb import guard_4bit_cpu_repack
 from .metrics import otb_diagnostics
 from .proxy import logit_gradient_proxy, uniform_proxy
@@ -232,32 +232,23 @@ class OTBTrainer(GRPOTrainer):
 
     def _otb_fidelity(self, batch: dict) -> None:
         """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
-        k = min(self.args.otb_fidelity_rows, batch["completion_ids"].size(0))
-        mask = self._otb_loss_mask(batch)
-        rewards = self._otb_rewards()[self._otb_rows(batch)][:k]
-        report = fidelity_check(
+        rows = self._otb_rows(batch)
+        local = batch_fidelity(
             self.model,
-            torch.cat([batch["prompt_ids"][:k], batch["completion_ids"][:k]], dim=1),
-            torch.cat([batch["prompt_mask"][:k], batch["completion_mask"][:k]], dim=1),
-            mask[:k],
-            temperature=self.temperature,
-            rewards=torch.nan_to_num(rewards, nan=0.0),
+            batch,
+            self._otb_loss_mask(batch),
+            self._otb_rewards()[rows],
+            self.args.otb_fidelity_rows,
+            self.temperature,
+            first_row=rows.start,
+            num_generations=self.num_generations,
         )
-        keys = ("token_spearman", "token_pearson", "energy_spearman", "baseline_rel_diff", "seconds_per_token")
-        local = torch.tensor([report.to_dict()[key] or math.nan for key in keys], device=self.accelerator.device)
-        values = self.accelerator.gather(local[None]).nanmean(dim=0).tolist()
-        for key, value in zip(keys, values):
+        values = self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).nanmean(0).tolist()
+        for key, value in zip(TRAINER_KEYS, values):
             self._metrics["train"][f"otb/fidelity/{key}"].append(value)
-        threshold = self.args.otb_fidelity_min_energy_spearman
-        energy = values[keys.index("energy_spearman")]
+        energy, threshold = values[TRAINER_KEYS.index("energy_spearman")], self.args.otb_fidelity_min_energy_spearman
         if self.accelerator.is_main_process and energy < threshold:
-            warnings.warn(
-                f"OTB proxy fidelity: the energy W_t from the logit proxy has Spearman {energy:.3f} with the exact "
-                f"one at step {self.state.global_step} (below otb_fidelity_min_energy_spearman={threshold}). The "
-                "baseline may weigh completions poorly on this model/adapter: compare otb_proxy='uniform', or run "
-                "`trl-otb fidelity` (docs/fidelity.md).",
-                stacklevel=2,
-            )
+            warnings.warn(low_fidelity_message(energy, self.state.global_step, threshold), stacklevel=2)
 
     def _otb_local_proxy(self, batch: dict) -> torch.Tensor:
         if not self._otb_needs_sum_pi_sq:
