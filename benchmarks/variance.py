@@ -31,9 +31,10 @@ per-copy weight gradient is sum_pos grad_out^T input, read by hooks). These are 
 which is why the long-answer run stays in the LM head.
 
 Tasks. ``math``: the generated math prompts, accuracy reward, temperature 1. ``count``: "List the numbers from 1 to
-n, separated by commas." for n in ``--count-targets``, sampled at temperature 0.7 (at 1.0 the embedded model does not
-count); the answer needs about 4 tokens per number (n = 200: ~850 tokens), and the reward is the share of 1..n listed
-in order before the first mistake, halved if the list does not end at n.
+n, separated by commas." for n in ``--count-targets``, with the assistant turn started as "1, 2, 3," (``COUNT_PREFIX``),
+sampled at temperature 0.7 (at 1.0 the embedded model does not count); the answer needs about 4 to 5 tokens per
+number (n = 200: ~900 tokens), and the reward is the share of 1..n listed in order before the first mistake, halved
+if the list does not end at n: a long answer whose reward is decided by where its first error falls.
 
 Reported per space, horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
 - ``var``: E||g - E g||^2, the variance around the estimator's own mean;
@@ -110,7 +111,11 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
     pools, prompt_ids = [], []
     eos = tokenizer.eos_token_id
     for p_index, prompt in enumerate(prompts):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        # A final assistant message is a prefix the completion continues (the count task starts the list).
+        prefill = prompt[-1]["role"] == "assistant"
+        text = tokenizer.apply_chat_template(
+            prompt, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill
+        )
         enc = tokenizer([text], return_tensors="pt", add_special_tokens=False)
         prompt_ids.append(enc["input_ids"][0])
         completions = []
@@ -131,7 +136,9 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
             comp = out[:, enc["input_ids"].shape[1] :]
             # TRL's completion mask: every token up to and including the first EOS.
             is_eos = comp == eos
-            first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], comp.shape[1]))
+            first = torch.where(
+                is_eos.any(1), is_eos.int().argmax(1), torch.full((n,), comp.shape[1], dtype=torch.long)
+            )
             lengths = torch.clamp(first + 1, max=comp.shape[1])
             mask = torch.arange(comp.shape[1])[None, :] < lengths[:, None]
             comp = torch.where(mask, comp, torch.full_like(comp, tokenizer.pad_token_id))
@@ -431,6 +438,11 @@ def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scal
 # ----------------------------------------------------------------------------------------------------------------
 
 
+COUNT_PREFIX = "1, 2, 3,"
+"""The count task's answer starts with this (as the start of the assistant turn): unprompted, the embedded model
+often answers "The numbers from 1 to 120 are 1, 2, ..., 20." and stops, which is not a long answer."""
+
+
 def count_reward(text: str, n: int) -> float:
     """Share of 1..n listed in order (the longest run 1, 2, 3, ... in the text, so a preamble such as "from 1 to
     100:" does not count against it), halved unless the run reaches n and nothing follows it."""
@@ -469,11 +481,15 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
     if task == "count":
         targets = list(count_targets)
         prompts = [
-            [{"role": "user", "content": f"List the numbers from 1 to {n}, separated by commas."}] for n in targets
+            [
+                {"role": "user", "content": f"List the numbers from 1 to {n}, separated by commas."},
+                {"role": "assistant", "content": COUNT_PREFIX},
+            ]
+            for n in targets
         ]
 
         def reward(ids, texts, p):
-            return [count_reward(t, targets[p]) for t in texts]
+            return [count_reward(COUNT_PREFIX + t, targets[p]) for t in texts]
 
         return model, tokenizer, prompts, reward
     data = load_math_dataset(split="train", num_train=num_prompts, seed=seed)
@@ -503,8 +519,10 @@ def plot(results, Ns, horizons, path):
     for axes, space in zip(grid, spaces):
         label = f"rescaled variance ({SPACE_LABELS.get(space, space)})"
         for ax, h in zip(axes, horizons):
-            table = results[space][str(h)]["table"]
+            table = results[space].get(str(h), {}).get("table")
             if not table:
+                ax.set_title(f"horizon {h}: not measured in this space")
+                ax.axis("off")
                 continue
             for est in ESTIMATORS:
                 y = [table[f"N={N}/{est}"]["var_scaled"] for N in Ns]
@@ -521,7 +539,11 @@ def plot(results, Ns, horizons, path):
         N4 = 4 if 4 in Ns else Ns[0]
         for est in ESTIMATORS:
             ys = [
-                results[space][str(h)]["table"].get(f"N={N4}/{est}", {}).get("var_scaled", float("nan"))
+                results[space]
+                .get(str(h), {})
+                .get("table", {})
+                .get(f"N={N4}/{est}", {})
+                .get("var_scaled", float("nan"))
                 for h in horizons
             ]
             ax.plot(horizons, ys, marker="o", label=est, **(dict(lw=2.5, color="black") if est == "otb" else {}))
@@ -558,6 +580,13 @@ def main():
     parser.add_argument(
         "--sketch-dim", type=int, default=None, help="LoRA gradient sketch size (default 65536, quick 0 = exact)"
     )
+    parser.add_argument(
+        "--lora-horizons",
+        type=int,
+        nargs="+",
+        default=None,
+        help="horizons analysed in the LoRA space (default: the shortest; the cost is quadratic in it)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
@@ -573,6 +602,7 @@ def main():
         return
     torch.set_num_threads(args.threads)
     spaces = args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"])
+    lora_horizons = sorted(args.lora_horizons or [min(args.horizons or ([8, 24] if args.quick else [64, 256]))])
     temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
     sketch_dim = args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16)
     num_prompts = len(args.count_targets) if args.task == "count" and not q else (args.prompts or 3)
@@ -598,7 +628,8 @@ def main():
         adapter.eval()
         adapter_rows = []
         for p, comps in enumerate(pools):
-            rows = adapter_token_gradients(adapter, prompt_ids[p], [c["ids"] for c in comps], sketch_dim, temperature)
+            ids = [c["ids"][: max(lora_horizons)] for c in comps]
+            rows = adapter_token_gradients(adapter, prompt_ids[p], ids, sketch_dim, temperature)
             adapter_rows.append(torch.cat(rows))
             print(f"  adapter gradients of pool {p + 1}/{len(pools)}: {adapter_rows[-1].shape[0]} tokens", flush=True)
         adapter_s = time.perf_counter() - t0
@@ -619,8 +650,9 @@ def main():
                 grams["lm_head"], bound, subset = token_gram(cut, head_weight, temperature)
                 bounds.append(bound)
                 subset_sizes.append(subset)
-            if "lora" in spaces:
-                S = adapter_rows[p][horizon_token_index(comps, h)].double()
+            if "lora" in spaces and h in lora_horizons:
+                cut_lengths = [{"ids": c["ids"][: max(lora_horizons)]} for c in comps]
+                S = adapter_rows[p][horizon_token_index(cut_lengths, h)].double()
                 grams["lora"] = S @ S.T
             # The same random groups in every space: one generator state per prompt, replayed.
             state = generator.get_state()
@@ -630,6 +662,8 @@ def main():
             kept.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards)})
             mean_len.append(float(mask.sum(1).float().mean()))
         for space in spaces:
+            if space == "lora" and h not in lora_horizons:
+                continue
             table = summarise(per_prompt[space], Ns, args.bootstrap, generator) if per_prompt[space] else {}
             answer = matching_n(table, Ns) if table and 4 in Ns else None
             results[space][str(h)] = {
@@ -665,7 +699,13 @@ def main():
         "groups_per_prompt": num_groups,
         "bootstrap": args.bootstrap,
         "top_k": args.top_k,
-        "lora": {"r": 16, "alpha": 32, "target_modules": "all-linear", "sketch_dim": sketch_dim}
+        "lora": {
+            "r": 16,
+            "alpha": 32,
+            "target_modules": "all-linear",
+            "sketch_dim": sketch_dim,
+            "horizons": lora_horizons,
+        }
         if "lora" in spaces
         else None,
         "sampling_seconds": sampled_s,
