@@ -103,6 +103,24 @@ def test_group_coefficients_reproduce_the_estimators_gradient(tiny_model):
         assert (row @ K @ row).item() == pytest.approx((g_brute @ g_brute).item(), rel=1e-4)
 
 
+def test_sample_pool_keeps_completions_that_reach_the_horizon(tiny_model, tiny_tokenizer):
+    """A completion ends at its first EOS (kept) or at the horizon; one without EOS keeps all its tokens."""
+    tiny_model.eval()
+    horizon = 30
+    prompts = [[{"role": "user", "content": "what is 1 + 1?"}]]
+    torch.manual_seed(0)
+    pools, prompt_ids = variance.sample_pool(tiny_model, tiny_tokenizer, prompts, 24, horizon, 24)
+    eos = tiny_tokenizer.eos_token_id
+    lengths = [len(c["ids"]) for c in pools[0]]
+    assert horizon in lengths, "no completion reached the horizon: the test needs one"
+    assert any(n < horizon for n in lengths), "no completion ended early: the test needs one"
+    for c in pools[0]:
+        ids = c["ids"].tolist()
+        assert eos not in ids[:-1] and (ids[-1] == eos or len(ids) == horizon)
+        assert all(len(v) == len(ids) for k, v in c.items())
+    assert prompt_ids[0].dim() == 1 and len(prompt_ids[0]) > 0
+
+
 def adapter_with_nonzero_b(model, seed=0):
     """The script's LoRA adapter with random B matrices, so that A's gradients are not zero as at init."""
     adapter = variance.attach_adapter(model)
