@@ -146,7 +146,12 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per size (default 9, quick 5)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="interleaved repeats at 2M+ tokens (default 9, quick 5); smaller sizes get proportionally more, up to 60",
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch.set_num_threads (1: CPU time is then a fair clock)"
     )
@@ -163,7 +168,9 @@ def main():
     repeats = args.repeats or (5 if args.quick else 9)
     results = []
     for num_prompts, group_size, T in sizes:
-        r = bench_size(num_prompts, group_size, T, repeats, args.seed)
+        # Small sizes are cheap and their timings noisy (a call lasts ~1 ms): more repeats, up to 60.
+        tokens = num_prompts * group_size * T
+        r = bench_size(num_prompts, group_size, T, min(60, max(repeats, int(repeats * 2e6 / tokens))), args.seed)
         results.append(r)
         ratios = " ".join(f"{k}={v:.2f}" for k, v in r["ratio_to_floor"].items())
         print(f"{r['tokens'] / 1e6:6.2f}M tokens  floor {r['median_s']['floor'] * 1e3:8.1f} ms  x floor: {ratios}")

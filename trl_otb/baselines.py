@@ -50,8 +50,12 @@ class OTBTerms:
     energy: torch.Tensor
 
 
-def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Tensor:
-    """Validate the shared inputs; return the mask as bool (converted once, reused by the caller)."""
+def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None, *, bool_mask: bool = True):
+    """Validate the shared inputs.
+
+    Returns the mask as bool (converted once, reused by the caller); with ``bool_mask=False``, whether proxy and
+    is_weights are finite and >= 0 everywhere, masked or not (then no bool mask is made unless a check needs it).
+    """
     if proxy.dim() != 2:
         raise ValueError(f"proxy must be [B, T], got shape {tuple(proxy.shape)}.")
     B, T = proxy.shape
@@ -65,17 +69,27 @@ def _check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Ten
         raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}.")
     if not proxy.dtype.is_floating_point:
         raise ValueError(f"proxy must be a float tensor, got {proxy.dtype}.")
-    m = mask.bool()
-    if B and T and not _all_clean(proxy) and _bad_on_mask(proxy, m):
+    if is_weights is not None and (
+        is_weights.dim() != 2 or is_weights.shape[0] != B or is_weights.shape[1] not in (1, T)
+    ):
+        raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
+    proxy_clean = not (B and T) or _all_clean(proxy)
+    weights_clean = is_weights is None or not (B and T) or _all_clean(is_weights)
+    m = mask.bool() if bool_mask or not (proxy_clean and weights_clean) else None
+    if not proxy_clean and _bad_on_mask(proxy, m):
         if (m & ~torch.isfinite(proxy)).any():
             raise ValueError("proxy has non-finite values on masked-in tokens; check the log-probs it was built from.")
         raise ValueError("proxy must be >= 0 on masked-in tokens (w_t is a squared norm).")
-    if is_weights is not None:
-        if is_weights.dim() != 2 or is_weights.shape[0] != B or is_weights.shape[1] not in (1, T):
-            raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
-        if B and T and not _all_clean(is_weights) and _bad_on_mask(is_weights, m):
-            raise ValueError("is_weights must be finite and >= 0 on masked-in tokens (clipped importance ratios).")
-    return m
+    if not weights_clean and _bad_on_mask(is_weights, m):
+        raise ValueError("is_weights must be finite and >= 0 on masked-in tokens (clipped importance ratios).")
+    return m if bool_mask else proxy_clean and weights_clean
+
+
+def _float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """1.0 where ``mask`` is nonzero (as ``mask.bool()``), else 0.0: one new tensor, whatever the mask's dtype."""
+    if mask.dtype == torch.bool:
+        return mask.to(dtype)
+    return mask.to(dtype, copy=True).ne_(0)
 
 
 def _all_clean(x: torch.Tensor) -> bool:
@@ -226,36 +240,32 @@ def _otb(
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}.")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
-    m = _check_inputs(rewards, proxy, mask, group_ids, is_weights)
+    fast = _check_inputs(rewards, proxy, mask, group_ids, is_weights, bool_mask=False)
     dtype = compute_dtype(proxy)
     _check_reward_range(rewards, dtype)
     B, T = proxy.shape
     zero = torch.zeros((), dtype=dtype, device=proxy.device)
-    mf = m.to(dtype)
+    mf = _float_mask(mask, dtype)
     lengths = mf.sum(dim=1)
     valid = torch.isfinite(rewards) & (lengths > 0)
     if not bool(valid.all()):
-        m = m & valid[:, None]
         mf.mul_(valid[:, None].to(dtype))
         lengths = lengths * valid.to(dtype)
     R = torch.where(valid, rewards.to(dtype), zero)
 
     def cumulative_weights(fast: bool) -> torch.Tensor:
         if fast:  # every value finite and >= 0, masked or not: multiplying by the float mask is the select
-            if is_weights is None:
-                w = proxy.to(dtype) * mf
-            else:
+            w = proxy.to(dtype) * mf
+            if is_weights is not None:
                 rho = is_weights.to(dtype).expand_as(proxy)
-                w = rho * rho
-                w.mul_(proxy.to(dtype)).mul_(mf)
+                w.mul_(rho).mul_(rho)
         else:  # inf/NaN on masked-out tokens: they must not reach the sums
-            w = _token_weights(proxy, m, is_weights, dtype, check=False)
+            w = _token_weights(proxy, mf.bool(), is_weights, dtype, check=False)
         if align == "valid":
-            w, state["index"] = _left_compact(w, m)
+            w, state["index"] = _left_compact(w, mf.bool())
         return w.cumsum_(dim=1)
 
     state = {}
-    fast = _all_clean(proxy) and (is_weights is None or _all_clean(is_weights))
     energy = cumulative_weights(fast)
     # w is 0 off the mask, so the row totals (the last cumulative sums) are finite exactly when every w_t is:
     # one check on B numbers instead of a pass over [B, T].
@@ -267,8 +277,7 @@ def _otb(
         raise ValueError("the proxy's sum over a completion overflows; the proxy is a per-token weight (w_t <= 2).")
     if align == "valid":
         index = state["index"]
-        m = torch.arange(T, device=m.device)[None, :] < lengths[:, None]
-        mf = m.to(dtype)
+        mf = (torch.arange(T, device=proxy.device)[None, :] < lengths[:, None]).to(dtype)
     energy.mul_(mf)  # finite now, so the multiply is the select
 
     gid, G = _group_index(group_ids)
@@ -285,7 +294,8 @@ def _otb(
         n_valid = _group_sum(valid.to(dtype), gid, G)
         # Per group ([G, T]) before broadcasting to rows: a singleton group's baseline is 0.
         group_baseline = torch.where(n_valid[:, None] == 1, zero, _safe_divide(num, den + eps))
-        baseline = group_baseline.index_select(0, gid)
+        # Without the terms, the energy's buffer is free now: the baseline (then the advantages) reuse it.
+        baseline = torch.index_select(group_baseline, 0, gid, out=None if return_terms else energy)
         if tail == "zero":
             longest = _group_max(lengths, gid, G)[gid]
             is_longest = valid & (lengths == longest)
@@ -294,7 +304,7 @@ def _otb(
             # At most one row per group is alone at its tail: edit those rows only.
             rows = torch.nonzero(is_longest & unique_longest).squeeze(1)
             if rows.numel():
-                positions = torch.arange(T, device=m.device, dtype=dtype)[None, :]
+                positions = torch.arange(T, device=proxy.device, dtype=dtype)[None, :]
                 baseline[rows] = torch.where(positions >= second[rows, None], zero, baseline[rows])
 
     # The baseline is finite (the reward range is checked; den >= eps, or the quotient is 0): masks multiply.
