@@ -64,10 +64,12 @@ class RolloutStatsCollector(LogitsProcessor):
         self._log_sum_sq: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logp = torch.log_softmax(scores.float() * self.inv_temperature, dim=-1)
+        z = scores.float()
+        logp = torch.log_softmax(z if self.inv_temperature == 1.0 else z * self.inv_temperature, dim=-1)
         if self._previous is not None:
             self._logps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._log_sum_sq.append(torch.logsumexp(2 * logp, dim=-1))
+        # log sum pi^2 = 2 log ||pi||_2: two passes (exp, norm) where logsumexp(2 log pi) takes four.
+        self._log_sum_sq.append(2 * torch.log(torch.linalg.vector_norm(logp.exp(), dim=-1)))
         self._previous = logp
         self.rows = scores.shape[0]
         return scores
