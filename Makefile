@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/advantages_speed.py --quick
 	$(BIN)/python benchmarks/overhead.py --quick
 	$(BIN)/python benchmarks/variance.py --quick
+	$(BIN)/python benchmarks/sample_efficiency.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check trl_otb tests examples benchmarks
