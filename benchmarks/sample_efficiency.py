@@ -339,8 +339,10 @@ def main():
     summary = save()
     plot(runs, out / f"{stem}.png", args.target)
     for arm, s in summary.items():
-        print(f"{arm}: reached {args.target} in {s['reached']} runs, median tokens {s['median_tokens']}, "
-              f"final score median {s['final_score']['median']:.3f}")
+        print(
+            f"{arm}: reached {args.target} in {s['reached']} runs, median tokens {s['median_tokens']}, "
+            f"final score median {s['final_score']['median']:.3f}"
+        )
     print(f"wrote {out / stem}.json and .png")
     if tmp is not None:
         tmp.cleanup()
