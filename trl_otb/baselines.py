@@ -253,7 +253,8 @@ def _otb(
         lengths = lengths * valid.to(dtype)
     R = torch.where(valid, rewards.to(dtype), zero)
 
-    def cumulative_weights(fast: bool) -> torch.Tensor:
+    def cumulative_weights(fast: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(W [B, T], the compaction index with align="valid", else None)."""
         if fast:  # every value finite and >= 0, masked or not: multiplying by the float mask is the select
             w = proxy.to(dtype) * mf
             if is_weights is not None:
@@ -261,22 +262,21 @@ def _otb(
                 w.mul_(rho).mul_(rho)
         else:  # inf/NaN on masked-out tokens: they must not reach the sums
             w = _token_weights(proxy, mf.bool(), is_weights, dtype, check=False)
+        index = None
         if align == "valid":
-            w, state["index"] = _left_compact(w, mf.bool())
-        return w.cumsum_(dim=1)
+            w, index = _left_compact(w, mf.bool())
+        return w.cumsum_(dim=1), index
 
-    state = {}
-    energy = cumulative_weights(fast)
+    energy, index = cumulative_weights(fast)
     # w is 0 off the mask, so the row totals (the last cumulative sums) are finite exactly when every w_t is:
     # one check on B numbers instead of a pass over [B, T].
     if B and T and not bool(torch.isfinite(energy[:, -1]).all()) and fast:
-        energy = cumulative_weights(False)  # a huge masked-out value may have overflowed: use the selects
+        energy, index = cumulative_weights(False)  # a huge masked-out value may have overflowed: use the selects
     if B and T and not bool(torch.isfinite(energy[:, -1]).all()):
         if is_weights is not None:
             _raise_overflow()
         raise ValueError("the proxy's sum over a completion overflows; the proxy is a per-token weight (w_t <= 2).")
     if align == "valid":
-        index = state["index"]
         mf = (torch.arange(T, device=proxy.device)[None, :] < lengths[:, None]).to(dtype)
     energy.mul_(mf)  # finite now, so the multiply is the select
 
