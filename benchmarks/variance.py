@@ -103,6 +103,12 @@ def head_statistics(model, input_ids, attention_mask, completion_ids, temperatur
     return h, log_z, logp_y, sum_sq, top
 
 
+def completion_records(comp, lengths, h, log_z, logp_y, sum_sq, top) -> list[dict]:
+    """One dict per completion, every per-token tensor cut to the completion's length (the pool's format)."""
+    fields = {"ids": comp, "h": h, "log_z": log_z, "logp_y": logp_y, "sum_sq": sum_sq, "top": top}
+    return [{name: x[i, :k] for name, x in fields.items()} for i, k in enumerate(lengths.tolist())]
+
+
 def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, temperature=1.0, top_k=64):
     """Sample ``pool_size`` completions per prompt and collect the head statistics of every completion token.
 
@@ -157,19 +163,7 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
                 )
                 for i in range(0, n, step)
             ]
-            h, log_z, logp_y, sum_sq, top = (torch.cat(parts) for parts in zip(*stats))
-            for i in range(n):
-                k = int(lengths[i])
-                completions.append(
-                    {
-                        "ids": comp[i, :k],
-                        "h": h[i, :k],
-                        "log_z": log_z[i, :k],
-                        "logp_y": logp_y[i, :k],
-                        "sum_sq": sum_sq[i, :k],
-                        "top": top[i, :k],
-                    }
-                )
+            completions += completion_records(comp, lengths, *(torch.cat(parts) for parts in zip(*stats)))
         pools.append(completions)
         print(
             f"  pool {p_index + 1}/{len(prompts)} sampled, lengths {[len(c['ids']) for c in completions]}", flush=True

@@ -32,18 +32,8 @@ def tiny_pool(tiny_model, M=4, L=7, prompt_len=5, seed=0):
 
 
 def pool_dicts(tiny_model, input_ids, attention_mask, comp, lengths, top_k):
-    h, log_z, logp_y, sum_sq, top = variance.head_statistics(tiny_model, input_ids, attention_mask, comp, 1.0, top_k)
-    return [
-        {
-            "ids": comp[i, :k],
-            "h": h[i, :k],
-            "log_z": log_z[i, :k],
-            "logp_y": logp_y[i, :k],
-            "sum_sq": sum_sq[i, :k],
-            "top": top[i, :k],
-        }
-        for i, k in enumerate(lengths.tolist())
-    ]
+    stats = variance.head_statistics(tiny_model, input_ids, attention_mask, comp, 1.0, top_k)
+    return variance.completion_records(comp, lengths, *stats)
 
 
 def per_token_head_gradients(model, input_ids, attention_mask, comp, lengths):
