@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -128,13 +129,13 @@ def evaluate(model, tokenizer, rows, reward_fn, max_new_tokens, batch_size=32):
 
 def tokens_to_target(curve: list[dict], target: float) -> float | None:
     """Tokens at which the score first reaches ``target``, interpolated between evaluations (None: never)."""
+    if curve and curve[0]["score"] >= target:
+        return float(curve[0]["tokens"])
     for before, after in zip(curve, curve[1:]):
-        if before["score"] >= target:
-            return float(before["tokens"])
         if after["score"] >= target:
             share = (target - before["score"]) / (after["score"] - before["score"])
             return before["tokens"] + share * (after["tokens"] - before["tokens"])
-    return float(curve[0]["tokens"]) if len(curve) == 1 and curve[0]["score"] >= target else None
+    return None
 
 
 def summarize(runs: list[dict], target: float) -> dict:
@@ -161,9 +162,8 @@ def summarize(runs: list[dict], target: float) -> dict:
 
 
 def _median(values):
-    values = sorted(values)
-    mid = len(values) // 2
-    m = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    """The median, None when it is infinite (most runs never reached the target)."""
+    m = statistics.median(values)
     return None if m == float("inf") else m
 
 
