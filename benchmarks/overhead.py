@@ -192,6 +192,45 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def time_pieces(repeats: int = 2000) -> dict[str, float]:
+    """CPU microseconds per call of OTBTrainer's own per-step work on the tiny on-policy config (8 completions of
+    24 tokens, the tiny vocabulary): the generation-time collector (called once per sampled token), the advantages
+    and the diagnostics."""
+    import torch
+
+    from trl_otb import otb_advantages
+    from trl_otb.metrics import otb_diagnostics
+    from trl_otb.rollout_stats import RolloutStatsCollector
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from conftest import build_tiny_tokenizer
+
+    torch.manual_seed(0)
+    B, T, V = (
+        N * MODELS["tiny"]["prompts_per_batch"],
+        MODELS["tiny"]["max_completion_length"],
+        len(build_tiny_tokenizer()),
+    )
+    scores, ids = torch.randn(B, V), torch.randint(0, V, (B, T))
+    rewards, proxy, mask, group_ids = torch.rand(B), 2 * torch.rand(B, T), torch.ones(B, T), torch.arange(B) // N
+    advantages = otb_advantages(rewards, proxy, mask, group_ids)
+    collector = RolloutStatsCollector(1.0)
+    pieces = {
+        "collector_per_token": lambda: collector(ids, scores),
+        "otb_advantages": lambda: otb_advantages(rewards, proxy, mask, group_ids),
+        "otb_diagnostics": lambda: otb_diagnostics(rewards, advantages, proxy, mask, group_ids),
+    }
+    out = {}
+    for name, fn in pieces.items():
+        for _ in range(100):
+            fn()
+        start = time.process_time()
+        for _ in range(repeats):
+            fn()
+        out[name] = (time.process_time() - start) / repeats * 1e6
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, on-policy, one pair, 2 steps (CI)")
@@ -206,6 +245,7 @@ def main():
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--tag", default=None, help="suffix of the output file names")
+    parser.add_argument("--pieces", action="store_true", help="time OTB's own per-step pieces (tiny config), and exit")
     # Internal: one run.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["grpo", "otb"], help=argparse.SUPPRESS)
@@ -216,6 +256,13 @@ def main():
 
     if args.worker:
         Path(args.worker_out).write_text(json.dumps(worker(args)))
+        return
+    if args.pieces:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for name, us in time_pieces().items():
+            print(f"{name:22s} {us:8.0f} us per call")
         return
     if args.quick:
         args.models, args.policies, args.pairs, args.steps, args.warmup = ["tiny"], ["on"], 1, 2, 1

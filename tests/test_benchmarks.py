@@ -227,3 +227,11 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_overhead_pieces_time_each_piece():
+    import overhead
+
+    pieces = overhead.time_pieces(repeats=3)
+    assert set(pieces) == {"collector_per_token", "otb_advantages", "otb_diagnostics"}
+    assert all(us > 0 for us in pieces.values())
