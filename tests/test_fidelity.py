@@ -16,7 +16,7 @@ from trl_otb.fidelity import (
     spearman,
     token_statistics,
 )
-from trl_otb.fidelity_bnb import guard_4bit_cpu_repack, packed_4bit_layers
+from trl_otb.fidelity_bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
 
 PROMPTS = ["hi", "count: 1 2 3"]
 TEMPERATURE = 0.7
@@ -214,23 +214,42 @@ def test_guard_keeps_qlora_gradients_after_eval_and_generate(tiny_4bit_dir):
         torch.testing.assert_close(grad, before[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_unguarded_repack_is_detected_and_can_be_restored(tiny_4bit_dir):
-    from bitsandbytes.functional import has_avx512bf16
+def repack_4bit_layers(model, ids, how: str) -> None:
+    """Put ``model``'s 4-bit layers into bitsandbytes' CPU inference layout, as its eval-mode forward does.
 
-    if not has_avx512bf16():
-        pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never repacks, there is no trap to detect")
+    ``how="forward"``: the real trap, an eval-mode no-grad forward; bitsandbytes repacks only on CPUs with
+    AVX512-BF16, so this branch is skipped elsewhere. ``how="simulated"``: the repack that forward would do, by
+    bitsandbytes' own conversion (pure torch, any CPU), so the detection and restore paths are tested everywhere.
+    """
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu, has_avx512bf16
+
+    if how == "forward":
+        if not has_avx512bf16():
+            pytest.skip("the CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo): bitsandbytes never repacks here")
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=ids)  # the trap: eval mode, no grad, on CPU
+        return
+    for _, module in linear4bit_modules(model):
+        weight = module.weight
+        weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, weight.quant_state)
+
+
+@pytest.mark.parametrize("how", ["forward", "simulated"])
+def test_unguarded_repack_is_detected_and_can_be_restored(tiny_4bit_dir, how):
     model = _lora(_load_qlora(tiny_4bit_dir))
     ids = torch.randint(3, 200, (2, 12))
-    model.eval()
-    with torch.no_grad():
-        model(input_ids=ids)  # the trap: eval mode, no grad, on CPU
-    assert packed_4bit_layers(model)
+    expected = _adapter_grads(model, ids)
+    repack_4bit_layers(model, ids, how)
+    assert packed_4bit_layers(model) == [name for name, _ in linear4bit_modules(model)]
     with pytest.raises(RuntimeError, match="guard_4bit_cpu_repack"):
         guard_4bit_cpu_repack(model)
     guard_4bit_cpu_repack(model, restore=True)
     assert packed_4bit_layers(model) == []
     grads = _adapter_grads(model, ids)
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    for name, grad in grads.items():  # unpacked weights keep bfloat16-rounded scales: close, not bit-exact
+        torch.testing.assert_close(grad, expected[name], rtol=0.05, atol=1e-4, msg=name)
 
 
 def test_fidelity_on_qlora_runs_and_guards(tiny_4bit_dir, tiny_tokenizer):

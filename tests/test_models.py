@@ -88,15 +88,16 @@ def test_default_cache_dir_follows_trl_otb_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TRL_OTB_CACHE", str(tmp_path))
     assert models.default_cache_dir() == tmp_path
     monkeypatch.delenv("TRL_OTB_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.default_cache_dir() == tmp_path / "xdg" / "trl-otb"
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert models.default_cache_dir() == Path.home() / ".cache" / "trl-otb"
 
 
 def test_conversion_runs_once_then_the_cache_is_reused(fake_conversion, tmp_path):
     first = embedded_model_path(tmp_path / "cache")
-    start = time.perf_counter()
     second = embedded_model_path(tmp_path / "cache")
     assert first == second
-    assert time.perf_counter() - start < 0.05
     assert fake_conversion() == 1
     assert (Path(first) / "config.json").is_file()
     assert not list((tmp_path / "cache").glob(".tmp-*"))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from peft import LoraConfig
-from test_fidelity import _load_qlora, tiny_4bit_dir  # noqa: F401 (fixture)
+from test_fidelity import _load_qlora, repack_4bit_layers, tiny_4bit_dir  # noqa: F401 (fixture)
 from test_trainer import RecordingReward, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer
@@ -56,11 +56,10 @@ def test_qlora_adapters_train_after_generation_on_cpu(tiny_4bit_dir, tmp_path): 
     assert moved, "no LoRA parameter moved: the adapters' gradients were lost"
 
 
-def test_trainer_refuses_a_4bit_model_already_repacked(tiny_4bit_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("how", ["forward", "simulated"])
+def test_trainer_refuses_a_4bit_model_already_repacked(tiny_4bit_dir, tmp_path, how):  # noqa: F811
     model = _load_qlora(tiny_4bit_dir)
-    model.eval()
-    with torch.no_grad():
-        model(input_ids=torch.tensor([[5, 6, 7, 8]]))  # the repack happens here, before any guard
+    repack_4bit_layers(model, torch.tensor([[5, 6, 7, 8]]), how)  # before any guard
     assert packed_4bit_layers(model)
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     with pytest.raises(RuntimeError, match="guard_4bit_cpu_repack"):

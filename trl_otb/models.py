@@ -73,8 +73,10 @@ class ModelNotAvailableError(OSError):
 
 
 def default_cache_dir() -> Path:
-    """Where converted models are kept: ``$TRL_OTB_CACHE`` if set, else ``~/.cache/trl-otb``."""
-    return Path(os.environ.get("TRL_OTB_CACHE") or Path.home() / ".cache" / "trl-otb").expanduser()
+    """Where converted models are kept: ``$TRL_OTB_CACHE`` if set, else ``$XDG_CACHE_HOME/trl-otb`` (``~/.cache``)."""
+    if os.environ.get("TRL_OTB_CACHE"):
+        return Path(os.environ["TRL_OTB_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "trl-otb"
 
 
 def embedded_gguf_path() -> Path:
