@@ -28,8 +28,9 @@ import torch
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from trl_otb import OTBConfig, OTBTrainer
+from trl_otb.card import CardResults, base_model_hub_id
 from trl_otb.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
-from trl_otb.hub import HubPreflightError, otb_card_section, otb_model_card, preflight_hub
+from trl_otb.hub import HubPreflightError, preflight_hub
 from trl_otb.models import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
@@ -59,6 +60,13 @@ class MathArguments:
     eval_max_new_tokens: int | None = field(
         default=None, metadata={"help": "Tokens generated per evaluation prompt; None: max_completion_length."}
     )
+    base_model_id: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub id of the base model, for the model card's base_model and quick start, when "
+            "--model_name_or_path is a local directory (the embedded model's id is known)."
+        },
+    )
 
 
 def make_parser() -> TrlParser:
@@ -87,7 +95,7 @@ def dataset_display_name(script_args, math_args) -> str:
 
 
 def load_splits(script_args, math_args, seed: int):
-    """(train, held-out) datasets in the prompt/answer format; held-out has at most eval_samples rows."""
+    """(train, held-out, held-out split's name) in the prompt/answer format; held-out has at most eval_samples rows."""
     name = script_args.dataset_name
     if name in EMBEDDED_NAMES:
         levels = [level.strip() for level in math_args.dataset_level.split(",") if level.strip()]
@@ -114,10 +122,11 @@ def load_splits(script_args, math_args, seed: int):
     elif math_args.eval_samples > 0:  # e.g. DAPO-Math-17k has only 'train': hold some of it out
         parts = train.train_test_split(test_size=math_args.eval_samples, seed=seed)
         train, test = parts["train"], parts["test"]
+        test_split = f"{train_split} (held-out rows)"
     else:
-        test = train.select([])
+        test, test_split = train.select([]), None
     test = test.shuffle(seed=seed).select(range(min(math_args.eval_samples, len(test))))
-    return train, test
+    return train, test, test_split
 
 
 def load_model(model_args, training_args):
@@ -145,8 +154,12 @@ def load_model(model_args, training_args):
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, dataset, batch_size: int, max_new_tokens: int, accelerator) -> dict:
-    """pass@1 of greedy decoding on ``dataset``, scored by accuracy_reward. Every process takes a share."""
+def evaluate(
+    model, tokenizer, dataset, batch_size: int, max_new_tokens: int, accelerator, description: str = "evaluating"
+) -> dict:
+    """pass@1 of greedy decoding on ``dataset``, scored by accuracy_reward. Every process takes a share; the main
+    process shows a progress bar (one step per generate call)."""
+    from tqdm.auto import tqdm
     from transformers import GenerationConfig
 
     start = time.perf_counter()
@@ -166,7 +179,13 @@ def evaluate(model, tokenizer, dataset, batch_size: int, max_new_tokens: int, ac
     try:
         # Equal shares (the last row repeated), so that sharded models run the same number of generate calls.
         with accelerator.split_between_processes(rows, apply_padding=True) as share:
-            for i in range(0, len(share), batch_size):
+            batches = tqdm(
+                range(0, len(share), batch_size),
+                desc=f"{description} ({len(rows)} prompts)",
+                unit="batch",
+                disable=not accelerator.is_local_main_process,
+            )
+            for i in batches:
                 batch = dataset.select(share[i : i + batch_size])
                 texts = [
                     tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
@@ -259,7 +278,7 @@ def main(script_args, math_args, training_args, model_args) -> dict:
             raise SystemExit(f"error: {err}") from err
 
     model, tokenizer = load_model(model_args, training_args)
-    train_dataset, eval_dataset = load_splits(script_args, math_args, training_args.seed)
+    train_dataset, eval_dataset, eval_split = load_splits(script_args, math_args, training_args.seed)
     model_name = model_display_name(model_args.model_name_or_path)
     dataset_name = dataset_display_name(script_args, math_args)
     max_new_tokens = math_args.eval_max_new_tokens or training_args.max_completion_length
@@ -278,7 +297,9 @@ def main(script_args, math_args, training_args, model_args) -> dict:
         f"Model: {model_name} | data: {dataset_name} ({len(train_dataset)} train, {len(eval_dataset)} held out)"
     )
 
-    before = evaluate(trainer.model, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator)
+    before = evaluate(
+        trainer.model, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator, "pass@1 before"
+    )
     print_main(
         f"Held-out pass@1 before training: {before['accuracy']} ({before['samples']} prompts, {before['seconds']:.0f} s)"
     )
@@ -288,7 +309,9 @@ def main(script_args, math_args, training_args, model_args) -> dict:
     from trl.models.utils import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
-        after = evaluate(unwrapped, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator)
+        after = evaluate(
+            unwrapped, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator, "pass@1 after"
+        )
     print_main(
         f"Held-out pass@1 after training: {after['accuracy']} ({after['samples']} prompts, {after['seconds']:.0f} s)"
     )
@@ -325,14 +348,28 @@ def main(script_args, math_args, training_args, model_args) -> dict:
     trainer.save_model(training_args.output_dir)
     summary["wall_time_s"] = time.perf_counter() - start  # up to the saved model; the card and plot take seconds
     output_dir = Path(training_args.output_dir)
-    section = otb_card_section(training_args, base_model=model_name, dataset_name=dataset_name, summary=summary)
-    with otb_model_card(trainer, section):
-        # TRL's card links dataset_name to the Hub: give it only Hub datasets (the OTB section names any dataset).
-        hub_dataset = None if script_args.dataset_name in EMBEDDED_NAMES else script_args.dataset_name
-        trainer.create_model_card(model_name=output_dir.name, dataset_name=hub_dataset)
-        if training_args.push_to_hub:
-            trainer.push_to_hub(dataset_name=hub_dataset)
-            print_main(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+    # TRL's card fields take Hub ids only: the generated dataset is described in the text and in model-index.
+    embedded_data = script_args.dataset_name in EMBEDDED_NAMES
+    hub_dataset = None if embedded_data else script_args.dataset_name
+    results = CardResults(
+        before=before["accuracy"],
+        after=after["accuracy"],
+        samples=after["samples"],
+        dataset_type="otb-math" if embedded_data else script_args.dataset_name,
+        dataset_name=dataset_name,
+        dataset_config=math_args.dataset_level if embedded_data else script_args.dataset_config,
+        dataset_split=eval_split,
+    )
+    card = {
+        "base_model": math_args.base_model_id or base_model_hub_id(model_args.model_name_or_path),
+        "dataset_description": dataset_name,
+        "results": results if after["samples"] else None,
+        "summary": summary,
+    }
+    trainer.create_model_card(model_name=output_dir.name, dataset_name=hub_dataset, **card)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=hub_dataset, **card)  # writes the same card again, then uploads
+        print_main(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
     if accelerator.is_main_process:
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_training(history, summary, output_dir / "training.png")

@@ -135,3 +135,53 @@ def smollm2_dir():
 def _seed_torch():
     """Seed torch before every test so random inputs are reproducible."""
     torch.manual_seed(0)
+
+
+def _check_model_card(path, *, base_model=None, adapter=None, accuracy=None, run_quick_start=None):
+    """Validate a model card with huggingface_hub itself and return it (``ModelCard``).
+
+    It parses, its metadata round-trips through YAML, ``model-index`` converts to ``EvalResult``s whose
+    ``pass@1`` after training is ``accuracy`` (when given), ``base_model``/tags/license are set, the text
+    names no ``None`` model, and the quick start is the one for a full model or for a LoRA/QLoRA adapter.
+    ``run_quick_start`` (a mapping of Hub ids to local directories) executes the quick start's code, with
+    those ids replaced and 2 new tokens, and checks that it runs to its final print.
+    """
+    import contextlib
+    import io
+    import re
+
+    from huggingface_hub import ModelCard
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    card = ModelCard.load(path)
+    meta = card.data.to_dict()
+    assert ModelCard(str(card)).data.to_dict() == meta  # the YAML round-trips
+    assert meta.get("base_model") == base_model
+    assert {"trl", "grpo", "otb"} <= set(meta["tags"]) and meta["license"] and "licence" not in meta
+    assert meta["library_name"] == ("peft" if adapter else "transformers")
+    assert "None" not in card.text.replace("NoneType", ""), "the card names a None model or dataset"
+    if accuracy is not None:
+        name, results = model_index_to_eval_results(meta["model-index"])
+        assert name == card.data.model_name
+        after = [r for r in results if r.metric_type == "pass@1" and "before" not in r.metric_name]
+        assert [r.metric_value for r in after] == [accuracy] and after[0].task_type == "text-generation"
+    code = re.search(r"## Quick start\n.*?```python\n(.*?)```", card.text, re.S).group(1)
+    if adapter is None:
+        assert "pipeline(" in code and "PeftModel" not in code
+    else:
+        assert f'AutoModelForCausalLM.from_pretrained("{base_model}"' in code and "PeftModel.from_pretrained" in code
+        assert ("BitsAndBytesConfig" in code) == (adapter == "qlora")
+    if run_quick_start is not None:
+        for hub_id, local in run_quick_start.items():
+            code = code.replace(f'"{hub_id}"', repr(str(local)))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code.replace("max_new_tokens=256", "max_new_tokens=2"), "quick_start", "exec"), {})
+        assert out.getvalue().endswith("\n")  # it printed the decoded answer (2 tokens of a random model may be blank)
+    return card
+
+
+@pytest.fixture
+def check_model_card():
+    """:func:`_check_model_card`: validates a written model card with huggingface_hub."""
+    return _check_model_card

@@ -23,7 +23,7 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
     "overrides,needle",
     [
         ({"num_generations": 1}, "num_generations >= 2"),
-        ({"num_generations_eval": 1}, "num_generations_eval >= 2"),
+        ({"num_generations_eval": 0}, "num_generations_eval"),
         ({"advantage_estimator": "ppo"}, "unknown advantage_estimator"),
         ({"otb_proxy": "exact"}, "unknown otb_proxy"),
         ({"otb_tail": "carry"}, "unknown otb_tail"),

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from trl_otb import OTBConfig
-from trl_otb.hub import HubPreflightError, otb_card_section, otb_model_card, preflight_hub
-from trl_otb.models import EMBEDDED_MODEL_NAME
+from trl_otb.card import CardResults, base_model_hub_id, base_model_license, build_model_card
+from trl_otb.hub import HubPreflightError, preflight_hub
+from trl_otb.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
@@ -41,9 +42,12 @@ def tiny_argv(model_dir, output_dir, *extra):
     ]  # fmt: skip
 
 
-def test_example_trains_and_writes_checkpoint_card_summary_and_plot(math_otb, tiny_model_dir, tmp_path):
+def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
+    math_otb, tiny_model_dir, tmp_path, check_model_card
+):
     out = tmp_path / "run"
-    summary = math_otb.main(*math_otb.parse_args(tiny_argv(tiny_model_dir, out)))
+    argv = tiny_argv(tiny_model_dir, out, "--base_model_id", "acme/tiny-llama")
+    summary = math_otb.main(*math_otb.parse_args(argv))
 
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     saved = json.loads((out / "summary.json").read_text())
@@ -56,9 +60,16 @@ def test_example_trains_and_writes_checkpoint_card_summary_and_plot(math_otb, ti
     assert saved["wall_time_s"] > 0
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    parsed = check_model_card(
+        out / "README.md",
+        base_model="acme/tiny-llama",
+        accuracy=saved["accuracy_after"],
+        run_quick_start={},  # the quick start loads the output directory itself
+    )
+    assert parsed.data.license == "other"  # unknown offline: the card says to check the base model's license
+    assert f'pipeline("text-generation", model="{out}")' in parsed.text  # no hub_model_id: the output directory
     card = (out / "README.md").read_text()
     assert card.count("## Optimal Token Baseline (OTB)") == 1
-    assert "- otb" in card and "- grpo" in card  # tags from OTBTrainer
     for text in ("| group size N (num_generations) | `4` |", "| proxy w_t | `logit` |", "| leave-one-out | `False` |"):
         assert text in card
     assert f"| before training | {saved['accuracy_before']:.3f} |" in card
@@ -66,13 +77,22 @@ def test_example_trains_and_writes_checkpoint_card_summary_and_plot(math_otb, ti
     assert "arXiv:2602.07078" in card and "vonwerra2020trl" in card
 
 
-def test_use_peft_trains_a_lora_adapter_for_one_step(math_otb, tiny_model_dir, tmp_path):
+def test_use_peft_trains_a_lora_adapter_for_one_step(math_otb, tiny_model_dir, tmp_path, check_model_card):
     out = tmp_path / "lora"
     argv = tiny_argv(tiny_model_dir, out, "--use_peft", "--lora_r", "4", "--max_steps", "1", "--eval_samples", "2")
+    argv += ["--base_model_id", "acme/tiny-llama"]
     summary = math_otb.main(*math_otb.parse_args(argv))
     assert summary["steps"] == 1 and summary["use_peft"]
     assert (out / "adapter_model.safetensors").is_file()
     assert not (out / "model.safetensors").exists()
+    card = check_model_card(
+        out / "README.md",
+        base_model="acme/tiny-llama",
+        adapter="lora",
+        accuracy=summary["accuracy_after"],
+        run_quick_start={"acme/tiny-llama": tiny_model_dir},
+    )
+    assert "LoRA adapter" in card.text and "lora" in card.data.tags
 
 
 def test_no_arguments_use_the_cpu_recipe_with_cpu_settings(math_otb):
@@ -218,37 +238,49 @@ def test_preflight_accepts_own_and_org_namespaces(online_hub):
 # --- trl_otb.hub model card ------------------------------------------------------------------------------------------
 
 
-def test_card_section_survives_every_rewrite_of_the_card(tmp_path):
+def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
+    (tmp_path / "trl_otb_conversion.json").write_text("{}")  # what the embedded model's directory carries
+    assert base_model_hub_id(None) == base_model_hub_id("embedded") == EMBEDDED_HUB_ID
+    assert base_model_hub_id(tmp_path) == EMBEDDED_HUB_ID
+    assert base_model_hub_id(tmp_path.parent) is None  # some other local directory: unknown
+    assert base_model_hub_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert base_model_license(EMBEDDED_HUB_ID) == "apache-2.0"
+    assert base_model_license("Qwen/Qwen2.5-0.5B-Instruct") is None  # offline: not known
+
+
+def test_card_of_a_pushed_model_loads_the_hub_repo(tmp_path, check_model_card):
     args = OTBConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, otb_leave_one_out=True, report_to="none")
-    writes = []
-
-    class FakeTrainer:  # create_model_card rewrites README.md from scratch, as TRL's does (push_to_hub calls it too)
-        def __init__(self):
-            self.args = args
-
-        def create_model_card(self, **kwargs):
-            writes.append(kwargs)
-            (tmp_path / "README.md").write_text("# base card\n")
-
-        def is_world_process_zero(self):
-            return True
-
-    trainer = FakeTrainer()
-    section = otb_card_section(
-        args, base_model="tiny", dataset_name="otb-math", summary={"accuracy_before": 0.25, "accuracy_after": 0.5}
+    results = CardResults(
+        before=0.25,
+        after=0.5,
+        samples=8,
+        dataset_type="openai/gsm8k",
+        dataset_name="openai/gsm8k",
+        dataset_config="main",
     )
-    with otb_model_card(trainer, section):
-        trainer.create_model_card(model_name="a")
-        trainer.create_model_card(model_name="b")
-    card = (tmp_path / "README.md").read_text()
-    assert card.startswith("# base card") and card.count("## Optimal Token Baseline (OTB)") == 1
-    assert "| leave-one-out | `True` |" in card and "| after training | 0.500 |" in card
-    assert "create_model_card" not in vars(trainer)  # the method is restored afterwards
-    assert len(writes) == 2
+    card = build_model_card(
+        args,
+        model_name="qwen-otb",
+        repo_id="me/qwen-otb",
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
+        license="apache-2.0",
+        datasets=["openai/gsm8k"],
+        results=results,
+        summary={"steps": 3},
+    )
+    card.save(tmp_path / "README.md")
+    parsed = check_model_card(tmp_path / "README.md", base_model="Qwen/Qwen2.5-0.5B-Instruct", accuracy=0.5)
+    assert parsed.data.datasets == ["openai/gsm8k"] and parsed.data.license == "apache-2.0"
+    assert 'model="me/qwen-otb"' in parsed.text
+    assert "| leave-one-out | `True` |" in parsed.text and "| after training | 0.500 |" in parsed.text
+    before = [r for r in parsed.data.eval_results if "before" in r.metric_name]
+    assert [(r.metric_value, r.dataset_config) for r in before] == [(0.25, "main")]
+    with pytest.raises(ValueError, match="adapter"):
+        build_model_card(args, model_name="x", repo_id="x", base_model=None, adapter="dora")
 
 
 @pytest.mark.slow
-def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path):
+def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path, check_model_card):
     # bitsandbytes' CPU inference kernel needs in_features >= its block size (64): the tiny model (hidden 32) cannot be
     # evaluated in 4-bit, so QLoRA is checked on the embedded SmolLM2 (hidden 576). Slow: 4-bit matmuls on CPU.
     pytest.importorskip("bitsandbytes")
@@ -267,3 +299,7 @@ def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path):
     summary = math_otb.main(*math_otb.parse_args(argv))
     assert summary["steps"] == 1 and summary["load_in_4bit"] and summary["use_peft"]
     assert (out / "adapter_model.safetensors").is_file() and (out / "summary.json").is_file()
+    card = check_model_card(
+        out / "README.md", base_model=EMBEDDED_HUB_ID, adapter="qlora", accuracy=summary["accuracy_after"]
+    )
+    assert card.data.license == "apache-2.0" and "4-bit" in card.data.tags

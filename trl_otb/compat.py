@@ -52,7 +52,8 @@ REQUIRED = {
     ),
     # [B, T] advantages are used elementwise; 1-D ones are unsqueezed.
     "_compute_loss": (("self", "model", "inputs"), ("if advantages.dim() == 1:",)),
-    "log": (("self", "logs", "start_time"), ()),
+    # Checkpoint saves and push_to_hub write the card through this method; OTBTrainer writes its own card.
+    "create_model_card": (("self", "model_name", "dataset_name", "tags"), ()),
 }
 
 
@@ -60,22 +61,25 @@ class TRLCompatibilityError(RuntimeError):
     """The installed TRL differs from the one trl-otb was built and tested against."""
 
 
-def check_trl_compatibility() -> None:
+def check_trl_compatibility(base: type | None = None) -> None:
     """Raise :class:`TRLCompatibilityError` if the GRPOTrainer internals OTB depends on changed.
 
-    Set ``TRL_OTB_SKIP_TRL_CHECK=1`` to skip the check at your own risk.
+    ``base`` is the class whose methods are checked: the one OTBTrainer subclasses (default: TRL's GRPOTrainer from
+    its own module, not the ``trl.GRPOTrainer`` name, which a harness may have aliased to OTBTrainer). Set ``TRL_OTB_SKIP_TRL_CHECK=1`` to skip the check at your own risk.
     """
     if os.environ.get(SKIP_ENV) == "1":
         return
     import trl
-    from trl import GRPOTrainer
     from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
+
+    if base is None:
+        from trl.trainer.grpo_trainer import GRPOTrainer as base
 
     problems = []
     if not trl.__version__.startswith(SUPPORTED_TRL + "."):
         problems.append(f"trl {trl.__version__} is installed; trl-otb supports trl {SUPPORTED_TRL}.x")
     for name, (params, fragments) in REQUIRED.items():
-        method = getattr(GRPOTrainer, name, None)
+        method = getattr(base, name, None)
         if method is None:
             problems.append(f"GRPOTrainer.{name} no longer exists")
             continue

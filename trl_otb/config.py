@@ -145,13 +145,16 @@ class OTBConfig(GRPOConfig):
             fail(
                 f"otb_fidelity_min_energy_spearman is a correlation in [-1, 1], got {self.otb_fidelity_min_energy_spearman}."
             )
-        for name in ("num_generations", "num_generations_eval"):
-            value = getattr(self, name)
-            if value is not None and value < 2:
-                fail(
-                    f"{name}={value}: OTB compares completions of the same prompt, so it needs at least 2 per group "
-                    f"(with 1 it degenerates to plain REINFORCE). Set {name} >= 2 (4 is the paper's choice)."
-                )
+        if self.num_generations is not None and self.num_generations < 2:
+            fail(
+                f"num_generations={self.num_generations}: OTB compares completions of the same prompt, so training "
+                "needs at least 2 per group (with 1 it degenerates to plain REINFORCE). Set num_generations >= 2 "
+                "(4 is the paper's choice)."
+            )
+        # num_generations_eval=1 is allowed: evaluation takes no gradient step, and a singleton group has baseline 0
+        # (OTB.md section 2), so each evaluation completion's advantage is its reward.
+        if self.num_generations_eval is not None and self.num_generations_eval < 1:
+            fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
         scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
         if self.advantage_estimator != "grpo" and scale != "none":
             fail(

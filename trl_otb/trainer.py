@@ -14,9 +14,10 @@ TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
 from __future__ import annotations
 
 import functools
-import math
+import inspect
 import textwrap
 import warnings
+from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
@@ -27,6 +28,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from . import compat
 from .baselines import compute_advantages
+from .card import trainer_model_card
 from .config import OTBConfig
 from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .fidelity_bnb import guard_4bit_cpu_repack
@@ -72,8 +74,8 @@ class OTBTrainer(GRPOTrainer):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs, args: OTBConfig | None = None, **kwargs):
-        compat.check_trl_compatibility()
+    def __init__(self, model, reward_funcs=None, args: OTBConfig | None = None, **kwargs):
+        compat.check_trl_compatibility(GRPOTrainer)  # the class we subclass, whatever `trl.GRPOTrainer` is now
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = OTBConfig(f"{str(name).split('/')[-1]}-OTB")
@@ -91,7 +93,6 @@ class OTBTrainer(GRPOTrainer):
         self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
         self._otb_rewards_per_func = None
         self._otb_collector = None  # RolloutStatsCollector of the last single-turn HF generate, if any
-        self._otb_power = []  # total_power per generation batch since the last log, for otb/pure_noise
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
             # Patching again wraps TRL's patch; only the fused call path changes.
@@ -103,6 +104,10 @@ class OTBTrainer(GRPOTrainer):
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
             self.model.register_forward_hook(self._otb_capture_hook)
+
+    __init__.__signature__ = inspect.signature(
+        GRPOTrainer.__init__
+    )  # every GRPOTrainer argument, as GRPOTrainer has it
 
     @property
     def _otb_needs_sum_pi_sq(self) -> bool:
@@ -223,11 +228,9 @@ class OTBTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         for name, value in diagnostics.items():
             self._metrics[mode][f"otb/{name}"].append(value)
-        if mode == "train":
-            self._otb_power.append(diagnostics["total_power"])
-            every = self.args.otb_fidelity_check_steps
-            if every and self.state.global_step % every == 0:
-                self._otb_fidelity(batch)
+        every = self.args.otb_fidelity_check_steps
+        if mode == "train" and every and self.state.global_step % every == 0:
+            self._otb_fidelity(batch)
         return batch
 
     def _otb_fidelity(self, batch: dict) -> None:
@@ -330,12 +333,19 @@ class OTBTrainer(GRPOTrainer):
             table.pop()
         table.extend(per_sequence.tolist())
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        # The reference's noise estimate needs the step's gradient norm, known only at logging time.
-        if "grad_norm" in logs and self._otb_power:
-            total_power = sum(self._otb_power) / len(self._otb_power)
-            grad_norm = float(logs["grad_norm"])
-            if math.isfinite(grad_norm):
-                logs["otb/pure_noise"] = max(0.0, (total_power - grad_norm**2) / max(self.num_generations - 1, 1))
-            self._otb_power = []
-        super().log(logs, start_time)
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+        **card,
+    ) -> None:
+        """Write ``README.md`` in ``output_dir``: the card of :func:`trl_otb.card.trainer_model_card`.
+
+        TRL's arguments (``dataset_name`` is a Hub dataset id), plus the keyword arguments of ``trainer_model_card``
+        (``base_model``, ``dataset_description``, ``results``, ``summary``); ``push_to_hub`` passes its extra keyword
+        arguments here.
+        """
+        if self.is_world_process_zero():
+            card_ = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **card)
+            card_.save(Path(self.args.output_dir) / "README.md")
