@@ -31,7 +31,8 @@ def otb_diagnostics(
         group's mean reward by more than 1e-6 (0 for GRPO; how far OTB moves away from it).
         ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
         ``total_power``: ``mean_i(Abar_i^2 W_i)`` with Abar_i the token mean of A and W_i = sum_t w_t,
-        the reference's variance proxy (with the gradient norm it gives ``pure_noise``).
+        the reference's variance proxy, in logit-gradient units (the proxy's, not parameter space: it is not
+        comparable with ``grad_norm``, so no noise estimate is formed from the two).
     """
     valid = torch.isfinite(rewards) & mask.bool().any(dim=1)
     m = mask.bool() & valid[:, None]
