@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import StoppingCriteria
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from trl_otb import OTBConfig, OTBTrainer
@@ -153,6 +154,17 @@ def load_model(model_args, training_args):
         raise SystemExit(f"error: {err}") from err
 
 
+class _ProgressTick(StoppingCriteria):
+    """A stopping criterion that never stops: it advances a progress bar by one step per generated token."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.bar.update(1)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
 def evaluate(
     model, tokenizer, dataset, batch_size: int, max_new_tokens: int, accelerator, description: str = "evaluating"
@@ -160,7 +172,7 @@ def evaluate(
     """pass@1 of greedy decoding on ``dataset``, scored by accuracy_reward. Every process takes a share; the main
     process shows a progress bar (one step per generate call)."""
     from tqdm.auto import tqdm
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, StoppingCriteriaList
 
     start = time.perf_counter()
     rows = list(range(len(dataset)))
@@ -179,26 +191,31 @@ def evaluate(
     try:
         # Equal shares (the last row repeated), so that sharded models run the same number of generate calls.
         with accelerator.split_between_processes(rows, apply_padding=True) as share:
-            batches = tqdm(
-                range(0, len(share), batch_size),
+            starts = range(0, len(share), batch_size)
+            # One step per generated token (a batch that stops early at EOS jumps ahead): a 64-prompt evaluation
+            # is one or two generate calls, each of which can take minutes on a CPU.
+            with tqdm(
+                total=len(starts) * max_new_tokens,
                 desc=f"{description} ({len(rows)} prompts)",
-                unit="batch",
+                unit="tok",
                 disable=not accelerator.is_local_main_process,
-            )
-            for i in batches:
-                batch = dataset.select(share[i : i + batch_size])
-                texts = [
-                    tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-                    for prompt in batch["prompt"]
-                ]
-                encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-                encoded = encoded.to(accelerator.device)
-                output = model.generate(**encoded, generation_config=generation_config)
-                completions = tokenizer.batch_decode(
-                    output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
-                )
-                rewards = accuracy_reward(completions, answer=batch["answer"])
-                results += [(row, text, float(r or 0.0)) for row, text, r in zip(share[i:], completions, rewards)]
+            ) as bar:
+                progress = StoppingCriteriaList([_ProgressTick(bar)])
+                for n, i in enumerate(starts, start=1):
+                    batch = dataset.select(share[i : i + batch_size])
+                    texts = [
+                        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+                        for prompt in batch["prompt"]
+                    ]
+                    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+                    encoded = encoded.to(accelerator.device)
+                    output = model.generate(**encoded, generation_config=generation_config, stopping_criteria=progress)
+                    bar.update(n * max_new_tokens - bar.n)
+                    completions = tokenizer.batch_decode(
+                        output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
+                    )
+                    rewards = accuracy_reward(completions, answer=batch["answer"])
+                    results += [(row, text, float(r or 0.0)) for row, text, r in zip(share[i:], completions, rewards)]
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,11 +44,14 @@ def tiny_argv(model_dir, output_dir, *extra):
 
 
 def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
-    math_otb, tiny_model_dir, tmp_path, check_model_card
+    math_otb, tiny_model_dir, tmp_path, check_model_card, capsys
 ):
     out = tmp_path / "run"
     argv = tiny_argv(tiny_model_dir, out, "--base_model_id", "acme/tiny-llama")
     summary = math_otb.main(*math_otb.parse_args(argv))
+    progress = capsys.readouterr().err
+    for when in ("before", "after"):  # one bar per evaluation, counting generated tokens to its end (8 here)
+        assert re.search(rf"pass@1 {when} \(4 prompts\): 100%.* 8/8 ", progress), progress[-2000:]
 
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     saved = json.loads((out / "summary.json").read_text())
