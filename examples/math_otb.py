@@ -21,6 +21,7 @@ import json
 import math
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +143,17 @@ def load_model(model_args, training_args):
         )
     except (ModelNotAvailableError, EmbeddedModelUnavailableError) as err:
         raise SystemExit(f"error: {err}") from err
+
+
+def full_weights(model):
+    """Before training: DeepSpeed ZeRO-3 partitioned the weights at load, so gather them to generate (as TRL does)."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if not is_deepspeed_zero3_enabled():
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
 @torch.no_grad()
@@ -278,7 +290,10 @@ def main(script_args, math_args, training_args, model_args) -> dict:
         f"Model: {model_name} | data: {dataset_name} ({len(train_dataset)} train, {len(eval_dataset)} held out)"
     )
 
-    before = evaluate(trainer.model, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator)
+    with full_weights(trainer.model):
+        before = evaluate(
+            trainer.model, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator
+        )
     print_main(
         f"Held-out pass@1 before training: {before['accuracy']} ({before['samples']} prompts, {before['seconds']:.0f} s)"
     )

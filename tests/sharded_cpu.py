@@ -9,7 +9,11 @@ trains alone. torch's ``fully_shard`` itself trains fine on CPU with gloo, so
 train: it only makes accelerate's own FSDP2 code path run on a CPU so that it can be tested here.
 Every test that uses it asserts that the model really was sharded.
 
-DeepSpeed needs no switch: ``DS_ACCELERATOR=cpu`` makes it run on CPU and fall back to gloo.
+DeepSpeed ZeRO-3: ``DS_ACCELERATOR=cpu`` makes DeepSpeed itself run on CPU over gloo, but accelerate
+finds no distributed backend without a GPU (``_prepare_backend`` returns none), so every process runs
+alone. :func:`force_deepspeed_on_cpu` makes it return gloo in that case; accelerate then lets DeepSpeed
+initialise the process group and selects ``DEEPSPEED`` as it does on GPUs. Same caveat: a test switch,
+and the tests assert that ZeRO-3 partitioned the model.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ FSDP2_ENV = {
     "FSDP_OFFLOAD_PARAMS": "false",
     "FSDP_ACTIVATION_CHECKPOINTING": "false",
     "ACCELERATE_USE_CPU": "1",
+    "TRL_OTB_TEST_FSDP_ON_CPU": "1",
 }
 # A wrap policy that makes lm_head (an nn.Linear) its own FSDP2 unit.
 FSDP2_LINEAR_WRAP_ENV = {**FSDP2_ENV, "FSDP_TRANSFORMER_CLS_TO_WRAP": "LlamaDecoderLayer,Linear"}
-ZERO3_ENV = {"DS_ACCELERATOR": "cpu", "ACCELERATE_USE_CPU": "0"}
+ZERO3_ENV = {"DS_ACCELERATOR": "cpu", "ACCELERATE_USE_CPU": "0", "TRL_OTB_TEST_DEEPSPEED_ON_CPU": "1"}
 
 
 def force_fsdp_on_cpu() -> None:
@@ -56,5 +61,31 @@ def force_fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = __init__
 
 
-if os.environ.get("TRL_OTB_TEST_FSDP_ON_CPU") == "1":
-    force_fsdp_on_cpu()
+def force_deepspeed_on_cpu() -> None:
+    """Let accelerate start a DeepSpeed run on CPU processes over gloo (see the module docstring). Idempotent."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(PartialState._prepare_backend, "_deepspeed_on_cpu", False):
+        return
+    original = PartialState._prepare_backend
+
+    @functools.wraps(original)
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        backend_, distributed_type = original(self, cpu, sagemaker_dp, backend)
+        launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+        deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        if backend_ is None and distributed_type == DistributedType.NO and launched and deepspeed and not cpu:
+            return "gloo", DistributedType.MULTI_CPU
+        return backend_, distributed_type
+
+    _prepare_backend._deepspeed_on_cpu = True
+    PartialState._prepare_backend = _prepare_backend
+
+
+def install_from_environment() -> None:
+    """Install the switches named by the environment (what tests/sharded_launch.py does for `accelerate launch`)."""
+    if os.environ.get("TRL_OTB_TEST_FSDP_ON_CPU") == "1":
+        force_fsdp_on_cpu()
+    if os.environ.get("TRL_OTB_TEST_DEEPSPEED_ON_CPU") == "1":
+        force_deepspeed_on_cpu()

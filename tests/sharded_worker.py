@@ -200,8 +200,7 @@ def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     engine, mode, model_dir, out_dir = sys.argv[1:5]
-    if engine == "fsdp2":
-        sharded_cpu.force_fsdp_on_cpu()
+    sharded_cpu.install_from_environment()
     if mode == "lmhead":
         lm_head_unit(model_dir, out_dir)
     elif mode == "refuse":
