@@ -14,7 +14,8 @@ MODE:
   otb/ metrics per generation batch, evidence that the engine engaged, and rank 0 the final full weights.
 - ``lmhead``: TRL's fused head with lm_head wrapped as its own FSDP2 unit (plain ``fully_shard``): saves each
   rank's input rows and the gathered lm_head gradient after one backward.
-- ``refuse``: OTBTrainer under accelerate's FSDP2 with a wrap policy over nn.Linear: saves the error it stops with.
+- ``refuse``: OTBTrainer under accelerate's FSDP2 with a wrap policy over nn.Linear: saves the error it stops with,
+  and the one a PEFT model with the fidelity check gets when the trainer is built.
 """
 
 from __future__ import annotations
@@ -187,6 +188,16 @@ def lm_head_unit(model_dir: str, out_dir: str) -> None:
 
 def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
     """OTBTrainer under accelerate's FSDP2 with a wrap policy that includes nn.Linear: stops before the first step."""
+    from peft import LoraConfig
+
+    # First: the fidelity check with a PEFT model under FSDP2 is refused when the trainer is built.
+    args = config(os.path.join(out_dir, "peft"), "onpolicy", use_cpu=True)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    try:
+        OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset(), peft_config=lora)
+        peft_message = None
+    except ValueError as error:
+        peft_message = str(error)
     args = config(os.path.join(out_dir, "run"), "onpolicy", use_cpu=True, otb_fidelity_check_steps=0)
     trainer = OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
     rank = trainer.accelerator.process_index
@@ -195,7 +206,8 @@ def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
         message = None
     except ValueError as error:
         message = str(error)
-    torch.save({"message": message, "step": trainer.state.global_step}, os.path.join(out_dir, f"refuse{rank}.pt"))
+    result = {"message": message, "step": trainer.state.global_step, "peft_message": peft_message}
+    torch.save(result, os.path.join(out_dir, f"refuse{rank}.pt"))
 
 
 if __name__ == "__main__":

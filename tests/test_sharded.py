@@ -29,6 +29,7 @@ from sharded_worker import RecordingTrainer, config, dataset
 from test_multiprocess import free_port, pad_to
 from transformers import AutoModelForCausalLM
 
+from trl_otb import OTBTrainer
 from trl_otb.fidelity import TRAINER_KEYS, batch_fidelity
 
 WORKER = Path(__file__).parent / "sharded_worker.py"
@@ -224,6 +225,16 @@ def test_otb_refuses_an_lm_head_unit_before_the_first_step(tiny_model_dir, tmp_p
         refused = torch.load(tmp_path / f"refuse{r}.pt")
         assert refused["step"] == 0
         assert "LM head is its own FSDP2 unit" in refused["message"] and "LlamaDecoderLayer" in refused["message"]
+        assert "PEFT model is not supported under fsdp2" in refused["peft_message"]
+
+
+def test_fidelity_check_is_refused_under_fsdp1_when_the_trainer_is_built(tiny_model_dir, tmp_path, monkeypatch):
+    from trl_otb import sharding
+
+    monkeypatch.setattr(sharding, "engine", lambda accelerator: "fsdp1")
+    args = config(str(tmp_path), "onpolicy", use_cpu=True, per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match="not FSDP1"):
+        OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
 
 
 def run_example(engine: str, model_dir: str, out: Path) -> dict:

@@ -54,11 +54,17 @@ def lm_head_own_fsdp2_unit(model: torch.nn.Module) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, FSDPModule):
         return False  # inside an enclosing unit (the root): unsharded during the whole forward
-    group = head._get_fsdp_state()._fsdp_param_group
-    if group is None:
-        return False
-    others = [m for m in group.modules if m is not head]
-    return not others or group.post_forward_mesh_info is not None
+    try:  # torch internals (2.6-2.13): the unit's parameter group, its modules, and whether it reshards after forward
+        group = head._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            return False
+        others = [m for m in group.modules if m is not head]
+        return not others or group.post_forward_mesh_info is not None
+    except AttributeError as err:
+        raise RuntimeError(
+            f"Cannot tell which FSDP2 unit holds the LM head with this torch ({torch.__version__}): {err}. "
+            "trl-otb reads FSDPModule._get_fsdp_state()._fsdp_param_group; report this torch version."
+        ) from err
 
 
 def _full_parameters(model: torch.nn.Module, kind: str) -> dict[str, torch.Tensor]:
