@@ -12,7 +12,9 @@ Every test that uses it asserts that the model really was sharded.
 DeepSpeed ZeRO-3: ``DS_ACCELERATOR=cpu`` makes DeepSpeed itself run on CPU over gloo, but accelerate
 finds no distributed backend without a GPU (``_prepare_backend`` returns none), so every process runs
 alone. :func:`force_deepspeed_on_cpu` makes it return gloo in that case; accelerate then lets DeepSpeed
-initialise the process group and selects ``DEEPSPEED`` as it does on GPUs. Same caveat: a test switch,
+initialise the process group and selects ``DEEPSPEED`` as it does on GPUs; it also sets ZeRO-3's
+``stage3_param_persistence_threshold`` to 0, so that the tiny test model's small parameters are partitioned
+too. Same caveat: a test switch,
 and the tests assert that ZeRO-3 partitioned the model.
 """
 
@@ -81,6 +83,21 @@ def force_deepspeed_on_cpu() -> None:
 
     _prepare_backend._deepspeed_on_cpu = True
     PartialState._prepare_backend = _prepare_backend
+
+    # DeepSpeed keeps parameters under `stage3_param_persistence_threshold` elements (default 1e5) whole on every
+    # rank; all of the tiny test model's are. Partition every one, as ZeRO-3 does to a real model's weights.
+    from accelerate.utils import DeepSpeedPlugin
+
+    post_init = DeepSpeedPlugin.__post_init__
+
+    @functools.wraps(post_init)
+    def __post_init__(self):
+        post_init(self)
+        zero = self.deepspeed_config.get("zero_optimization", {})
+        if zero.get("stage") == 3:
+            zero["stage3_param_persistence_threshold"] = 0
+
+    DeepSpeedPlugin.__post_init__ = __post_init__
 
 
 def install_from_environment() -> None:
