@@ -53,7 +53,7 @@ def launch(engine: str, mode: str, model_dir: str, out: Path, env: dict | None =
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if engine == "zero3":
         env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
 def run_ranks(engine: str, mode: str, model_dir: str, out: Path) -> list[dict]:
@@ -251,7 +251,7 @@ def run_example(engine: str, model_dir: str, out: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TRL_OTB_TEST_EVIDENCE"] = str(out)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=out)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     summary = json.loads((out / "model" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["num_processes"] == 2 and summary["eval_samples"] == 4
