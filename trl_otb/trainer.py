@@ -96,7 +96,7 @@ class OTBTrainer(GRPOTrainer):
         # gradients through them are wrong from then on: keep them on the differentiable path.
         guard_4bit_cpu_repack(self.model)
         self._otb_engine = sharding.engine(self.accelerator)
-        if self._otb_engine in ("fsdp2", "zero3"):
+        if self._otb_engine == "fsdp2":
             self.add_callback(_RefuseLMHeadUnit())
         if args.otb_fidelity_check_steps and self._otb_engine is not None:
             if self._otb_engine == "fsdp1":
