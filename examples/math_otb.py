@@ -146,7 +146,8 @@ def load_model(model_args, training_args):
 
 
 def full_weights(model):
-    """Before training: DeepSpeed ZeRO-3 partitioned the weights at load, so gather them to generate (as TRL does)."""
+    """Under DeepSpeed ZeRO-3 the weights are partitioned before training already: gather them to generate (TRL
+    gathers them for its own generation the same way)."""
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if not is_deepspeed_zero3_enabled():
