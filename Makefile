@@ -8,7 +8,7 @@ STAMP := $(VENV)/.trl-otb-installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast demo quickstart bench lint clean
+.PHONY: setup test test-fast test-sharded demo quickstart bench lint clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,24 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests
 
+# DeepSpeed ZeRO-3 tests: DeepSpeed lives in its own venv (same torch), kept out of the main one. DS_ACCELERATOR=cpu
+# makes it use gloo; its first use compiles a small extension, cached under .cache/.
+DS_VENV ?= .venv-ds
+DS_STAMP := $(DS_VENV)/.trl-otb-installed
+
+$(DS_STAMP): setup.cfg pyproject.toml
+	test -x $(DS_VENV)/bin/python || $(PYTHON) -m venv $(DS_VENV)
+	$(DS_VENV)/bin/python -m pip install -q --upgrade pip "setuptools>=70" wheel
+	$(DS_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(DS_VENV)/bin/python -m pip install -q -e ".[dev,math]"
+	$(DS_VENV)/bin/python -m pip install -q --no-build-isolation deepspeed==0.19.8
+	touch $@
+
+test-sharded: $(DS_STAMP)
+	DS_ACCELERATOR=cpu $(DS_VENV)/bin/python -c "import deepspeed; print('deepspeed', deepspeed.__version__)"
+	DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$(CURDIR)/.cache/torch_extensions TRL_OTB_REQUIRE_DEEPSPEED=1 \
+		$(DS_VENV)/bin/python -m pytest -q -p no:cacheprovider -m zero3 tests
+
 demo: $(STAMP)
 	$(BIN)/accelerate launch --config_file examples/accelerate_configs/cpu.yaml examples/math_otb.py
 
@@ -44,4 +62,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check trl_otb tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(DS_VENV) outputs .pytest_cache

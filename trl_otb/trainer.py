@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
-from . import compat
+from . import compat, sharding
 from .baselines import compute_advantages
 from .card import trainer_model_card
 from .config import OTBConfig
@@ -49,6 +49,14 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+
+
+class _RefuseLMHeadUnit(TrainerCallback):
+    """Stops before the first step when FSDP2 made the LM head its own unit (sharding.LM_HEAD_UNIT_MESSAGE)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and sharding.lm_head_own_fsdp2_unit(model):
+            raise ValueError(sharding.LM_HEAD_UNIT_MESSAGE)
 
 
 class OTBTrainer(GRPOTrainer):
@@ -89,6 +97,22 @@ class OTBTrainer(GRPOTrainer):
         # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
         # gradients through them are wrong from then on: keep them on the differentiable path.
         guard_4bit_cpu_repack(self.model)
+        self._otb_engine = sharding.engine(self.accelerator)
+        if self._otb_engine == "fsdp2":
+            self.add_callback(_RefuseLMHeadUnit())
+        if args.otb_fidelity_check_steps and self._otb_engine is not None:
+            if self._otb_engine == "fsdp1":
+                raise ValueError(
+                    "otb_fidelity_check_steps > 0 runs under FSDP2 and DeepSpeed ZeRO-3, not FSDP1 (it gathers the "
+                    "sharded parameters into a full copy). Set fsdp_version: 2 in the accelerate config, or "
+                    "otb_fidelity_check_steps=0."
+                )
+            if is_peft_model(self.model):
+                raise ValueError(
+                    f"otb_fidelity_check_steps > 0 with a PEFT model is not supported under {self._otb_engine} "
+                    "(the check copies the sharded model into a plain one, which is implemented for full fine-tuning "
+                    "only). Set otb_fidelity_check_steps=0, or run the check without sharding (`trl-otb fidelity`)."
+                )
         self._otb_sink = None  # list while a generation batch is scored: (logps, log_sum_sq_probs) per pass
         self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
         self._otb_rewards_per_func = None
@@ -236,8 +260,10 @@ class OTBTrainer(GRPOTrainer):
     def _otb_fidelity(self, batch: dict) -> None:
         """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
         rows = self._otb_rows(batch)
+        # Under FSDP2/ZeRO-3 each rank holds a slice of every parameter: gather them into a plain copy (collective).
+        model = self.model if self._otb_engine is None else sharding.full_replica(self.model, self._otb_engine)
         local = batch_fidelity(
-            self.model,
+            model,
             batch,
             self._otb_loss_mask(batch),
             self._otb_rewards()[rows],

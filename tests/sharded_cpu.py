@@ -1,0 +1,108 @@
+"""Test-only: run accelerate's FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes (gloo).
+
+FSDP2: accelerate never turns FSDP on for a CPU run. With ``use_cpu`` it selects ``MULTI_CPU`` and
+wraps the model in DDP (the FSDP plugin is ignored); without it and without a GPU each process
+trains alone. torch's ``fully_shard`` itself trains fine on CPU with gloo, so
+:func:`force_fsdp_on_cpu` switches the distributed type to ``FSDP`` after accelerate picked
+``MULTI_CPU``, in both ``AcceleratorState`` and ``PartialState`` (``set_seed`` builds a fresh
+``AcceleratorState`` view from ``PartialState``). This is a switch for these tests, not a way to
+train: it only makes accelerate's own FSDP2 code path run on a CPU so that it can be tested here.
+Every test that uses it asserts that the model really was sharded.
+
+DeepSpeed ZeRO-3: ``DS_ACCELERATOR=cpu`` makes DeepSpeed itself run on CPU over gloo, but accelerate
+finds no distributed backend without a GPU (``_prepare_backend`` returns none), so every process runs
+alone. :func:`force_deepspeed_on_cpu` makes it return gloo in that case; accelerate then lets DeepSpeed
+initialise the process group and selects ``DEEPSPEED`` as it does on GPUs; it also sets ZeRO-3's
+``stage3_param_persistence_threshold`` to 0, so that the tiny test model's small parameters are partitioned
+too. Same caveat: a test switch,
+and the tests assert that ZeRO-3 partitioned the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+FSDP2_ENV = {
+    # What `accelerate launch` exports for examples/accelerate_configs/fsdp2.yaml (decoder layers wrapped).
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": "LlamaDecoderLayer",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "false",
+    "FSDP_OFFLOAD_PARAMS": "false",
+    "FSDP_ACTIVATION_CHECKPOINTING": "false",
+    "ACCELERATE_USE_CPU": "1",
+    "TRL_OTB_TEST_FSDP_ON_CPU": "1",
+}
+# A wrap policy that makes lm_head (an nn.Linear) its own FSDP2 unit.
+FSDP2_LINEAR_WRAP_ENV = {**FSDP2_ENV, "FSDP_TRANSFORMER_CLS_TO_WRAP": "LlamaDecoderLayer,Linear"}
+ZERO3_ENV = {"DS_ACCELERATOR": "cpu", "ACCELERATE_USE_CPU": "0", "TRL_OTB_TEST_DEEPSPEED_ON_CPU": "1"}
+
+
+def force_fsdp_on_cpu() -> None:
+    """Make the next AcceleratorState use FSDP on a CPU run (see the module docstring). Idempotent."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(AcceleratorState.__init__, "_fsdp_on_cpu", False):
+        return
+    original = AcceleratorState.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    __init__._fsdp_on_cpu = True
+    AcceleratorState.__init__ = __init__
+
+
+def force_deepspeed_on_cpu() -> None:
+    """Let accelerate start a DeepSpeed run on CPU processes over gloo (see the module docstring). Idempotent."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(PartialState._prepare_backend, "_deepspeed_on_cpu", False):
+        return
+    original = PartialState._prepare_backend
+
+    @functools.wraps(original)
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        backend_, distributed_type = original(self, cpu, sagemaker_dp, backend)
+        launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+        deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        if backend_ is None and distributed_type == DistributedType.NO and launched and deepspeed and not cpu:
+            return "gloo", DistributedType.MULTI_CPU
+        return backend_, distributed_type
+
+    _prepare_backend._deepspeed_on_cpu = True
+    PartialState._prepare_backend = _prepare_backend
+
+    # DeepSpeed keeps parameters under `stage3_param_persistence_threshold` elements (default 1e5) whole on every
+    # rank; all of the tiny test model's are. Partition every one, as ZeRO-3 does to a real model's weights.
+    from accelerate.utils import DeepSpeedPlugin
+
+    post_init = DeepSpeedPlugin.__post_init__
+
+    @functools.wraps(post_init)
+    def __post_init__(self):
+        post_init(self)
+        zero = self.deepspeed_config.get("zero_optimization", {})
+        if zero.get("stage") == 3:
+            zero["stage3_param_persistence_threshold"] = 0
+
+    DeepSpeedPlugin.__post_init__ = __post_init__
+
+
+def install_from_environment() -> None:
+    """Install the switches named by the environment (what tests/sharded_launch.py does for `accelerate launch`)."""
+    if os.environ.get("TRL_OTB_TEST_FSDP_ON_CPU") == "1":
+        force_fsdp_on_cpu()
+    if os.environ.get("TRL_OTB_TEST_DEEPSPEED_ON_CPU") == "1":
+        force_deepspeed_on_cpu()

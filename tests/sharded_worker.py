@@ -1,0 +1,221 @@
+"""One rank of the sharded-engine tests (launched by tests/test_sharded.py through torchrun, 2 processes, gloo).
+
+Usage: torchrun --nproc_per_node 2 tests/sharded_worker.py ENGINE MODE MODEL_DIR OUT_DIR
+
+ENGINE: ``fsdp2`` (accelerate's FSDP2 path on CPU through the test-only switch of tests/sharded_cpu.py; the
+environment carries what `accelerate launch` would export) or ``zero3`` (DeepSpeed ZeRO-3, DS_ACCELERATOR=cpu).
+
+MODE:
+- ``onpolicy`` / ``iter2``: OTBTrainer trains 2 generation batches (num_iterations 1 / 2) with
+  per_device_train_batch_size 6 and groups of 4, so the middle group of each 12-completion batch is split
+  across the ranks; rank 0 generates at most 5 tokens and rank 1 up to 12. ``onpolicy`` also runs the
+  fidelity check at every step. ``nogather`` is one on-policy step of an OTB whose cross-process gather is
+  disabled (the replay comparison must catch it). Each rank saves what it generated, its batch, advantages, rewards and
+  otb/ metrics per generation batch, evidence that the engine engaged, and rank 0 the final full weights.
+- ``lmhead``: TRL's fused head with lm_head wrapped as its own FSDP2 unit (plain ``fully_shard``): saves each
+  rank's input rows and the gathered lm_head gradient after one backward.
+- ``refuse``: OTBTrainer under accelerate's FSDP2 with a wrap policy over nn.Linear: saves the error it stops with,
+  and the one a PEFT model with the fidelity check gets when the trainer is built.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import sharded_cpu  # noqa: E402
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from multiprocess_worker import MAX_NEW_TOKENS, N, reward  # noqa: E402
+
+from trl_otb import OTBConfig, OTBTrainer  # noqa: E402
+
+PROMPTS = ["what is 1 + 1?", "unscorable: what is 2 + 2?", "what is 3 + 3?"]
+ZERO3 = {
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "zero_allow_untested_optimizer": True,  # the Trainer's torch SGD
+}
+
+
+def dataset() -> Dataset:
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
+
+
+def config(output_dir: str, mode: str, **overrides) -> OTBConfig:
+    """The training configuration; the single-process replay uses it with per_device_train_batch_size=12."""
+    values = dict(
+        output_dir=output_dir,
+        bf16=False,
+        per_device_train_batch_size=6,
+        steps_per_generation=1,
+        num_generations=N,
+        max_completion_length=12,
+        num_iterations=2 if mode == "iter2" else 1,
+        max_steps=4 if mode == "iter2" else 2,
+        # SGD: the final weights then compare the gradients. Adam divides each coordinate by its own gradient scale,
+        # so coordinates whose gradient is ~0 move by ~lr on float rounding alone (measured: weights 8e-3 apart
+        # after 4 Adam steps at lr 1e-2 with num_iterations=2, 6e-8 with SGD).
+        optim="sgd",
+        learning_rate=0.1,
+        temperature=0.7,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        otb_fidelity_check_steps=1 if mode == "onpolicy" else 0,
+    )
+    return OTBConfig(**{**values, **overrides})
+
+
+class RecordingTrainer(OTBTrainer):
+    """Records every generation batch: the completions `generate` produced, and what OTB made of them."""
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        self._record = {"prompt_id_lists": [list(p) for p in prompt_ids], "completion_id_lists": completion_ids}
+        return completion_ids, logprobs
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        record = self._record
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
+        record.update({k: batch[k].detach().cpu() for k in keys})
+        record["prompts"] = [str(x["prompt"]) for x in inputs]
+        record["rewards"] = self._otb_rewards()[self._otb_rows(batch)].cpu()
+        record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
+        self.records.append(record)
+        return batch
+
+
+def engagement(trainer) -> dict:
+    """Evidence, read outside any forward, that the engine sharded the model."""
+    from accelerate.utils import DistributedType
+
+    head = trainer.model.get_output_embeddings().weight
+    out = {
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "world_size": trainer.accelerator.num_processes,
+    }
+    if trainer.accelerator.distributed_type == DistributedType.FSDP:
+        from torch.distributed.tensor import DTensor
+
+        out["head_is_dtensor"] = isinstance(head, DTensor)
+        out["head_local_rows"] = head.to_local().shape[0] if isinstance(head, DTensor) else head.shape[0]
+        out["head_rows"] = head.shape[0]
+    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from deepspeed import DeepSpeedEngine
+
+        out["head_local_numel"] = head.numel()
+        out["head_ds_numel"] = getattr(head, "ds_numel", None)
+        out["engine"] = type(trainer.model_wrapped).__name__
+        out["is_ds_engine"] = isinstance(trainer.model_wrapped, DeepSpeedEngine)
+        out["zero_stage"] = trainer.model_wrapped.zero_optimization_stage()
+    return out
+
+
+class NoGatherTrainer(RecordingTrainer):
+    """OTB with the cross-process gather disabled: each rank forms groups from its own rows (a broken OTB)."""
+
+    def _otb_gather(self, x, pad_value=0):
+        return x
+
+    def _otb_rows(self, batch):
+        return slice(0, batch["completion_ids"].size(0))
+
+    def _otb_rewards(self):
+        rewards = super()._otb_rewards()
+        n = rewards.numel() // self.accelerator.num_processes
+        return rewards[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
+
+
+def train(engine: str, mode: str, model_dir: str, out_dir: str) -> None:
+    extra = {"deepspeed": ZERO3} if engine == "zero3" else {}
+    if mode == "nogather":
+        extra.update(max_steps=1, otb_fidelity_check_steps=0)
+    args = config(os.path.join(out_dir, "run"), mode, use_cpu=engine == "fsdp2", **extra)
+    trainer = (NoGatherTrainer if mode == "nogather" else RecordingTrainer)(
+        model_dir, reward_funcs=reward, args=args, train_dataset=dataset()
+    )
+    trainer.records = []
+    rank = trainer.accelerator.process_index
+    trainer.generation_config.max_new_tokens = MAX_NEW_TOKENS[rank]
+    trainer.train()
+    from trl_otb import sharding
+
+    weights = sharding._full_parameters(trainer.model, sharding.engine(trainer.accelerator))
+    result = {"records": trainer.records, "engagement": engagement(trainer), "log_history": trainer.state.log_history}
+    if rank == 0:
+        result["weights"] = {k: v.cpu() for k, v in weights.items()}
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def lm_head_unit(model_dir: str, out_dir: str) -> None:
+    """TRL's fused head with lm_head as its own FSDP2 unit: the gradient each rank gets for the head."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    add_fused_lm_head(model, temperature=0.7)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model.lm_head)  # what a wrap policy over every nn.Linear does to the head
+    fully_shard(model)
+    generator = torch.Generator().manual_seed(100 + rank)
+    input_ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=generator)
+    out = model(input_ids=input_ids, labels=input_ids, fused_lm_head=True)
+    out.log_probs.sum().backward()
+    grad = model.lm_head.weight.grad
+    result = {
+        "input_ids": input_ids,
+        "head_is_unit": isinstance(model.lm_head, FSDPModule),
+        "grad": (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().clone(),
+    }
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
+    """OTBTrainer under accelerate's FSDP2 with a wrap policy that includes nn.Linear: stops before the first step."""
+    from peft import LoraConfig
+
+    # First: the fidelity check with a PEFT model under FSDP2 is refused when the trainer is built.
+    args = config(os.path.join(out_dir, "peft"), "onpolicy", use_cpu=True)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    try:
+        OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset(), peft_config=lora)
+        peft_message = None
+    except ValueError as error:
+        peft_message = str(error)
+    args = config(os.path.join(out_dir, "run"), "onpolicy", use_cpu=True, otb_fidelity_check_steps=0)
+    trainer = OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
+    rank = trainer.accelerator.process_index
+    try:
+        trainer.train()
+        message = None
+    except ValueError as error:
+        message = str(error)
+    result = {"message": message, "step": trainer.state.global_step, "peft_message": peft_message}
+    torch.save(result, os.path.join(out_dir, f"refuse{rank}.pt"))
+
+
+if __name__ == "__main__":
+    engine, mode, model_dir, out_dir = sys.argv[1:5]
+    sharded_cpu.install_from_environment()
+    if mode == "lmhead":
+        lm_head_unit(model_dir, out_dir)
+    elif mode == "refuse":
+        refuses_lm_head_unit(model_dir, out_dir)
+    else:
+        train(engine, mode, model_dir, out_dir)
