@@ -97,7 +97,9 @@ def run(vllm_model_dir, tmp_path_factory):
         (tmp / "spec.json").write_text(json.dumps(spec))
         command = [sys.executable, str(HERE / "vllm_worker.py"), str(tmp / "spec.json"), str(tmp / "result.json")]
         proc = subprocess.run(command, env=worker_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        assert proc.returncode == 0, (
+            f"worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
         return json.loads((tmp / "result.json").read_text())
 
     return _run
@@ -261,3 +263,31 @@ def test_server_correction_off_costs_exactly_one_extra_forward(run, vllm_server)
     otb = run("server", "off", server_url=vllm_server)
     assert [r["forwards"] for r in grpo["records"]] == [0] * STEPS
     assert [r["forwards"] for r in otb["records"]] == [1] * STEPS
+
+
+# --- the example script --------------------------------------------------------------------------------------------
+
+
+def test_math_example_with_vllm_colocate(vllm_model_dir, tmp_path):
+    out, syncs = tmp_path / "run", tmp_path / "syncs.json"
+    # fmt: off
+    command = [
+        sys.executable, str(HERE / "vllm_run_example.py"), str(syncs),
+        "--model_name_or_path", vllm_model_dir, "--output_dir", str(out),
+        "--use_vllm", "--vllm_mode", "colocate",
+        "--max_steps", "2", "--eval_samples", "4", "--num_train", "16",
+        "--per_device_train_batch_size", "4", "--max_completion_length", "8",
+    ]
+    # fmt: on
+    proc = subprocess.run(command, env=worker_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["completion_tokens"] > 0
+    assert (out / "model.safetensors").is_file()
+    # vLLM generated every training batch: one weight sync before each step's generation, every parameter sent.
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as saved:
+        n_tensors = len(list(saved.keys()))
+    assert json.loads(syncs.read_text()) == [["colocate", n_tensors]] * 2
+    assert "held-out pass@1" in proc.stdout
