@@ -20,7 +20,9 @@ What this does not test is TRL's NCCL transfer itself.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Settings the CPU engine needs, before vLLM is imported: a 1 GiB KV cache (the default sizes it from the machine) and
@@ -61,6 +63,7 @@ def _init_communicator(original):
             return original(self, device)
         self.communicator = None  # no NCCL group on CPU: weights go through the disk in update_named_params
         self._cpu_weights_dir = tempfile.mkdtemp(prefix="trl-otb-vllm-weights-")
+        atexit.register(shutil.rmtree, self._cpu_weights_dir, ignore_errors=True)
 
     return init_communicator
 
