@@ -111,6 +111,7 @@ def instrument(trainer, reward, spec, records):
         record.update(
             seq_log_ratio=seq_log_ratio.tolist(),
             token_log_ratio_abs_max=log_ratio.abs().max().item(),
+            token_log_ratio_abs_mean=(log_ratio.abs().sum() / mask.sum()).item(),
             proxy_identity_err=(proxy - (1 - 2 * p_token + sum_sq)).abs().max().item(),
         )
         rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
