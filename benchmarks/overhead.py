@@ -3,6 +3,7 @@
     python benchmarks/overhead.py --quick                       # tiny random Llama, on-policy, 1 pair (CI)
     python benchmarks/overhead.py --models tiny --pairs 3       # tiny model, on- and off-policy
     python benchmarks/overhead.py --models smollm2 --pairs 2    # embedded SmolLM2-135M with LoRA r=8 on q/v
+    python benchmarks/overhead.py --vllm --pairs 3              # vLLM colocate on CPU, correction on and off
 
 Every run is a fresh subprocess (so its peak RSS, ``getrusage(RUSAGE_SELF).ru_maxrss``, is its own), and runs are
 interleaved GRPO, OTB, GRPO, OTB, ... so that slow phases of a shared machine hit both trainers alike. Each run
@@ -14,6 +15,12 @@ measures the work done, which other jobs on a shared machine do not inflate.
 On-policy (the default, one optimizer step per generation) GRPOTrainer runs no log-prob pass at rollout time;
 OTBTrainer then reads pi(y_t) and sum_v pi(v)^2 while ``generate`` samples (or, where it cannot, runs one no-grad
 forward). Off-policy (``steps_per_generation=2``) TRL runs that pass itself and OTB's statistics ride along.
+
+With ``--vllm`` (in the vLLM venv, ``make setup-vllm``) both trainers generate with vLLM colocate on CPU, with TRL's
+importance-sampling correction on (TRL runs the log-prob pass; sum pi^2 rides along) and off (TRL runs no pass; OTB
+runs one extra no-grad forward). TRL's weight sync cannot run on CPU; both trainers use the test suite's
+replacement (``tests/vllm_cpu.py``), so its cost is the same on both sides of each ratio. The tiny model then has
+32-dim heads, the smallest vLLM's CPU attention takes.
 """
 
 from __future__ import annotations
@@ -36,7 +43,12 @@ MODELS = {
     "tiny": {"max_completion_length": 24, "prompts_per_batch": 2},
     "smollm2": {"max_completion_length": 32, "prompts_per_batch": 1},
 }
-POLICIES = {"on": {}, "off": {"steps_per_generation": 2}}
+POLICIES = {
+    "on": {},
+    "off": {"steps_per_generation": 2},
+    "vllm-is": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True},
+    "vllm-nois": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False},
+}
 N = 4
 
 
@@ -45,15 +57,20 @@ def cheap_reward(completion_ids, **kwargs):
     return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
 
 
-def build_model(name: str, workdir: Path):
-    """(model or path, tokenizer, peft_config) for a benchmark model."""
+def build_model(name: str, workdir: Path, vllm: bool = False):
+    """(model or path, tokenizer, peft_config) for a benchmark model (a path for vLLM, which loads it itself)."""
     if name == "tiny":
         sys.path.insert(0, str(HERE.parent / "tests"))
         from conftest import build_tiny_model, build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
-        model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)
+        model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, **({"head_dim": 32} if vllm else {}))
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+        if vllm:
+            path = workdir / "tiny-vllm"
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            return str(path), tokenizer, None
         return model, tokenizer, None
     from peft import LoraConfig
 
@@ -68,6 +85,12 @@ def worker(args) -> dict:
     """One training run in this process; returns timings and peak RSS."""
     import resource
 
+    vllm = args.policy.startswith("vllm")
+    if vllm:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        import vllm_cpu
+
+        os.environ.update(vllm_cpu.CPU_ENV)
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -77,12 +100,14 @@ def worker(args) -> dict:
 
     from trl_otb import OTBConfig, OTBTrainer
 
+    if vllm:
+        vllm_cpu.install()
     spec = MODELS[args.model]
     policy = POLICIES[args.policy]
     spg = policy.get("steps_per_generation", 1)
     warmup, steps = args.warmup * spg, args.steps * spg
     workdir = Path(args.workdir)
-    model, tokenizer, peft_config = build_model(args.model, workdir)
+    model, tokenizer, peft_config = build_model(args.model, workdir, vllm)
     prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(64)]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
     common = dict(
@@ -246,6 +271,7 @@ def main():
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--tag", default=None, help="suffix of the output file names")
     parser.add_argument("--pieces", action="store_true", help="time OTB's own per-step pieces (tiny config), and exit")
+    parser.add_argument("--vllm", action="store_true", help="vLLM colocate, correction on and off (vLLM venv)")
     # Internal: one run.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["grpo", "otb"], help=argparse.SUPPRESS)
@@ -266,6 +292,8 @@ def main():
         return
     if args.quick:
         args.models, args.policies, args.pairs, args.steps, args.warmup = ["tiny"], ["on"], 1, 2, 1
+    if args.vllm:
+        args.policies = ["vllm-is", "vllm-nois"]
     import tempfile
 
     tmp = None
@@ -301,6 +329,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "overhead_quick" if args.quick else "overhead_" + "_".join(args.models)
+    if args.vllm:
+        stem += "_vllm"
     if args.tag:
         stem += f"_{args.tag}"
     argv = " ".join(sys.argv[1:])

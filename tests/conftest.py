@@ -61,7 +61,7 @@ def build_tiny_tokenizer():
     )
 
 
-def build_tiny_model(vocab_size: int, eos_token_id: int, seed: int = 0):
+def build_tiny_model(vocab_size: int, eos_token_id: int, seed: int = 0, **config_overrides):
     """A seeded random 2-layer Llama whose sampled completions end early some of the time.
 
     A random init gives near-uniform next-token distributions (EOS at ~1/V per token, so every
@@ -69,6 +69,8 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, seed: int = 0):
     tests: the LM head is scaled to logits of std ~1.5 (a peaked policy), and every embedding gets
     a constant +0.1 in hidden dimension 0, which survives the final RMSNorm as a shared feature the
     EOS row of the LM head reads (+1.2), so EOS has probability ~9% at each position.
+    ``config_overrides`` go to ``LlamaConfig`` (the vLLM tests need ``head_dim=32``: vLLM's CPU attention kernels
+    take no smaller head).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -84,6 +86,7 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, seed: int = 0):
         bos_token_id=None,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
+        **config_overrides,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

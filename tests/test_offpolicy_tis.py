@@ -3,10 +3,11 @@
 TRL 1.16 computes ``importance_sampling_ratio`` (and multiplies its loss by it) exactly when
 ``use_vllm`` and ``vllm_importance_sampling_correction`` are both on; a ``rollout_func`` supplies
 the behaviour log-probs either way, but without vLLM TRL neither computes the ratio nor corrects the
-loss, and OTB then uses no ratio either. vLLM does not run on CPU, so these tests switch TRL's
-``use_vllm`` attribute on after construction (with a no-op weight sync) and let a ``rollout_func``
+loss, and OTB then uses no ratio either. These tests run in the main venv, without vLLM: they switch
+TRL's ``use_vllm`` attribute on after construction (with a no-op weight sync) and let a ``rollout_func``
 play the inference engine: it samples from the model at temperature 1 and reports those log-probs,
-while the trainer's policy is at temperature 0.7, a real policy mismatch.
+while the trainer's policy is at temperature 0.7, a large, controlled policy mismatch. The same path
+with a real vLLM engine is in ``tests/test_vllm.py`` (``make test-vllm``).
 """
 
 from __future__ import annotations

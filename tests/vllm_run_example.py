@@ -1,0 +1,31 @@
+"""Run ``examples/math_otb.py`` as a user would, with the CPU weight-sync adapter of tests/vllm_cpu.py installed.
+
+    python tests/vllm_run_example.py SYNCS_JSON [math_otb.py arguments...]
+
+The script runs unchanged as ``__main__``; afterwards SYNCS_JSON gets the weight syncs the adapter carried out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import vllm_cpu  # noqa: E402
+
+os.environ.update(vllm_cpu.CPU_ENV)
+
+if __name__ == "__main__":
+    syncs_path = Path(sys.argv[1])
+    vllm_cpu.install()
+    script = str(HERE.parent / "examples" / "math_otb.py")
+    sys.argv = [script, *sys.argv[2:]]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        syncs_path.write_text(json.dumps(vllm_cpu.SYNCS))
