@@ -71,9 +71,11 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
         Ns = sorted({row["N"] for row in table.values()})
         ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
         bound = f", tail bound {res['tail_bound_max']:.1e}" if res["tail_bound_max"] else ""
+        paired = res.get("paired")
+        ci = "95% CI over prompts and groups (two-level bootstrap)" if paired is not None else "95% CI"
         out.append(
             f"**{space}, horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion "
-            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, 95% CI in brackets:"
+            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, {ci} in brackets:"
         )
         out.append("")
         out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
@@ -95,12 +97,41 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
                 f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}" for r in (table[f"N={N}/{est}"] for N in Ns)
             ]
             out.append(f"| {est} | " + " | ".join(cells) + " |")
+        if paired:
+            out += ["", *paired_table(space, h, paired, Ns)]
         match = res.get("grpo_N_matching_otb_N4")
         if match is not None:
             fmt = f"{match:.1f}" if isinstance(match, float) else match
             out.append("")
             out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt} (log-log interpolation).")
         out.append("")
+    return out
+
+
+def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
+    """Per N, OTB minus each other estimator on the same groups: difference and ratio with their 95% intervals
+    (prompts and groups resampled together for both), and whether the difference's interval excludes 0."""
+    others = list(dict.fromkeys(t["b"] for t in paired.values()))
+    out = [
+        f"{space}, horizon {h}, paired (same groups, same resamples), rescaled variance of OTB minus / over "
+        + ", ".join(o.upper() if o != "grpo" else "GRPO (unscaled)" for o in others)
+        + ", 95% CI over prompts and groups; **yes** where the difference's interval excludes 0:",
+        "",
+        "| N | " + " | ".join(f"OTB - {o} | OTB / {o} | differ?" for o in others) + " |",
+        "|---|" + "---:|---:|---|" * len(others),
+    ]
+    for N in Ns:
+        cells = []
+        for o in others:
+            t = paired.get(f"N={N}/otb-{o}")
+            if t is None:
+                cells += ["", "", ""]
+                continue
+            lo, hi = t["diff_ci"]
+            rlo, rhi = t["ratio_ci"]
+            verdict = ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
+            cells += [f"{num(t['diff'])} ({num(lo)} to {num(hi)})", f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})", verdict]
+        out.append(f"| {N} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -135,6 +166,8 @@ def main():
         ("overhead_smollm2_after_f73f862", overhead_table),
         ("variance", variance_table),
         ("variance_count", variance_table),
+        ("variance_math12", variance_table),
+        ("variance_count12", variance_table),
         ("sample_efficiency_embedded_math", efficiency_table),
     ]
     for stem, fn in sections:

@@ -171,6 +171,61 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
     return pools, prompt_ids
 
 
+def pool_seed(seed: int, prompt_index: int) -> int:
+    """The sampling seed of one prompt's pool: fixed by (seed, prompt index), whatever was sampled before it."""
+    return seed * 1_000_003 + prompt_index
+
+
+def load_or_sample_pool(
+    model, tokenizer, prompt, prompt_index, cache_dir, key, pool_size, horizon, batch_size, temperature, top_k, seed
+):
+    """One prompt's pool, from ``cache_dir`` if it was sampled before, else sampled (seeded by ``pool_seed``) and
+    saved there. Returns (data, cached): data holds ``records``, ``prompt_ids``, ``prompt``, ``seed``,
+    ``sample_seconds`` and the sampling settings."""
+    path = Path(cache_dir) / f"{key}-p{prompt_index:03d}.pt"
+    settings = {"pool": pool_size, "horizon": horizon, "temperature": temperature, "top_k": top_k}
+    if path.exists():
+        data = torch.load(path, weights_only=False)
+        if data["prompt"] != prompt or data["settings"] != settings:
+            raise ValueError(
+                f"{path} holds a pool for another prompt or other settings ({data['settings']}); use another --cache "
+                "folder or delete the file."
+            )
+        return data, True
+    seed_p = pool_seed(seed, prompt_index)
+    torch.manual_seed(seed_p)
+    start = time.perf_counter()
+    pools, prompt_ids = sample_pool(model, tokenizer, [prompt], pool_size, horizon, batch_size, temperature, top_k)
+    data = {
+        "records": pools[0],
+        "prompt_ids": prompt_ids[0],
+        "prompt": prompt,
+        "seed": seed_p,
+        "settings": settings,
+        "sample_seconds": time.perf_counter() - start,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    os.replace(tmp, path)  # a run stopped mid-write leaves no half file behind
+    return data, False
+
+
+def cached_lora_gram(adapter, data, cache_dir, key, prompt_index, horizon, sketch_dim, temperature):
+    """K = S S^T of one prompt's adapter gradients at ``horizon`` (fp64), from the cache or computed and cached."""
+    path = Path(cache_dir) / f"{key}-p{prompt_index:03d}-lora-h{horizon}-d{sketch_dim}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    ids = [c["ids"][:horizon] for c in data["records"]]
+    start = time.perf_counter()
+    S = torch.cat(adapter_token_gradients(adapter, data["prompt_ids"], ids, sketch_dim, temperature)).double()
+    out = {"K": S @ S.T, "seconds": time.perf_counter() - start}
+    tmp = path.with_suffix(".tmp")
+    torch.save(out, tmp)
+    os.replace(tmp, path)
+    return out
+
+
 def token_gram(completions, head_weight, temperature=1.0):
     """K [n, n] (fp64) over all tokens of one pool, the token order (completion, position), and the tail bound."""
     ids = torch.cat([c["ids"] for c in completions])
@@ -369,49 +424,100 @@ def horizon_token_index(completions, horizon):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def summarise(per_prompt, Ns, boot, generator):
-    """Means over prompts with two-level bootstrap CIs (prompts, then groups within each prompt)."""
+PAIRS = (("otb", "grpo"), ("otb", "ogb"))
+"""The paired comparisons reported per cell: (a, b) gives the rescaled variance of a minus that of b."""
+
+
+def _cell_arrays(per_prompt, key):
+    """Per prompt, stacked: A [P, G] = ||g||^2 - 2 <g, g_bar>, Mse [P, G] = ||g||^2 - 2 <g, g_ref>, and the
+    per-prompt constants ||g_bar||^2, <g_bar, g_ref>, ||g_ref||^2 [P]: var_p = mean_g A + ||g_bar||^2."""
+    cells = [pp[key] for pp in per_prompt]
+    sizes = {len(c["sq"]) for c in cells}
+    if len(sizes) != 1:
+        raise ValueError(f"every prompt needs the same number of groups per N, got {sorted(sizes)}")
+    A = torch.stack([c["sq"] - 2 * c["dot_bar"] for c in cells]).double()
+    Mse = torch.stack([c["sq"] - 2 * c["dot_ref"] for c in cells]).double()
+    const = {k: torch.tensor([c[k] for c in cells], dtype=torch.float64) for k in ("bar_sq", "bar_ref", "ref_sq")}
+    return A, Mse, const
+
+
+def _resampled(A, Mse, const, ip, ig):
+    """var, mse, scale and rescaled variance for every resample: prompts ip [B, P], groups ig [B, P, G]."""
+    var = (A[ip[..., None], ig].mean(-1) + const["bar_sq"][ip]).mean(-1)
+    mse = (Mse[ip[..., None], ig].mean(-1) + const["ref_sq"][ip]).mean(-1)
+    scale = const["bar_ref"][ip].sum(-1) / const["bar_sq"][ip].sum(-1)
+    return {"var": var, "mse": mse, "scale": scale, "var_scaled": scale**2 * var}
+
+
+def _ci(x):
+    return torch.quantile(x, torch.tensor([0.025, 0.975], dtype=x.dtype)).tolist()
+
+
+def bootstrap_indices(P, G, boot, generator, over_prompts=True):
+    """Resampling indices: prompts [boot, P] (with replacement, or every prompt once) and groups within each
+    resampled prompt [boot, P, G] (with replacement)."""
+    if over_prompts:
+        ip = torch.randint(P, (boot, P), generator=generator)
+    else:
+        ip = torch.arange(P).expand(boot, P)
+    return ip, torch.randint(G, (boot, P, G), generator=generator)
+
+
+def paired_test(a, b):
+    """Rescaled variance of estimator a minus b, resample by resample (the same prompts and groups for both):
+    the difference, its 95% percentile interval, the ratio a / b with its interval, and whether the difference's
+    interval excludes 0."""
+    d = a - b
+    lo, hi = _ci(d[1:])
+    ratio = a / b
+    return {
+        "diff": float(d[0]),
+        "diff_ci": [lo, hi],
+        "ratio": float(ratio[0]),
+        "ratio_ci": _ci(ratio[1:]),
+        "significant": bool(lo > 0 or hi < 0),
+        "p_boot": float(min(1.0, 2 * min((d[1:] <= 0).double().mean(), (d[1:] >= 0).double().mean()))),
+    }
+
+
+def summarise(per_prompt, Ns, boot, generator, estimators=None, pairs=PAIRS):
+    """Means over prompts with 95% bootstrap intervals, and paired tests between estimators.
+
+    Two resampling schemes, each of ``boot`` resamples: ``ci`` resamples prompts, then groups within each resampled
+    prompt (two levels: the prompts are a sample too); ``ci_groups`` keeps the prompts and resamples only the groups
+    (the interval of these prompts' mean). The scale a is re-estimated in every resample. Within one N every
+    estimator sees the same groups (drawn once per prompt and N) and the same resampling indices, so a paired test
+    is the distribution of the per-resample difference. Returns (table, paired)."""
+    estimators = list(estimators or ESTIMATORS)
     P = len(per_prompt)
-    table = {}
+    table, paired = {}, {}
     for N in Ns:
-        for est in ESTIMATORS:
-            cells = [pp[(N, est)] for pp in per_prompt]
-            num = sum(c["bar_ref"] for c in cells)
-            den = sum(c["bar_sq"] for c in cells)
-            scale = num / den if den > 0 else float("nan")
-
-            def stats(idx_prompts, idx_groups, cells=cells):
-                var = mse = 0.0
-                for p, g in zip(idx_prompts, idx_groups):
-                    c = cells[p]
-                    sq, db, dr = c["sq"][g], c["dot_bar"][g], c["dot_ref"][g]
-                    var += float((sq - 2 * db).mean()) + c["bar_sq"]
-                    mse += float((sq - 2 * dr).mean()) + c["ref_sq"]
-                k = len(idx_prompts)
-                return var / k, mse / k
-
-            full = stats(range(P), [torch.arange(len(c["sq"])) for c in cells])
-            samples = []
-            for _ in range(boot):
-                ps = torch.randint(P, (P,), generator=generator).tolist()
-                gs = [torch.randint(len(cells[p]["sq"]), (len(cells[p]["sq"]),), generator=generator) for p in ps]
-                samples.append(stats(ps, gs))
-            v = torch.tensor(samples)
-            lo, hi = torch.quantile(v, 0.025, dim=0).tolist(), torch.quantile(v, 0.975, dim=0).tolist()
-            ref_norm = sum(c["ref_sq"] for c in cells) / P
-            table[f"N={N}/{est}"] = {
-                "N": N,
-                "estimator": est,
-                "var": full[0],
-                "var_ci": [lo[0], hi[0]],
-                "mse": full[1],
-                "mse_ci": [lo[1], hi[1]],
-                "scale": scale,
-                "var_scaled": scale**2 * full[0],
-                "var_scaled_ci": [scale**2 * lo[0], scale**2 * hi[0]],
-                "ref_sq_norm": ref_norm,
-            }
-    return table
+        G = len(per_prompt[0][(N, estimators[0])]["sq"])
+        schemes = {
+            "": bootstrap_indices(P, G, boot, generator, over_prompts=True),
+            "_groups": bootstrap_indices(P, G, boot, generator, over_prompts=False),
+        }
+        draws = {}
+        for est in estimators:
+            A, Mse, const = _cell_arrays(per_prompt, (N, est))
+            full_ip, full_ig = torch.arange(P)[None, :], torch.arange(G).expand(1, P, G)
+            full = _resampled(A, Mse, const, full_ip, full_ig)
+            row = {"N": N, "estimator": est, "prompts": P, "groups_per_prompt": G}
+            for name in ("var", "mse", "scale", "var_scaled"):
+                row[name] = float(full[name][0])
+            for suffix, (ip, ig) in schemes.items():
+                res = _resampled(A, Mse, const, ip, ig)
+                draws[(est, suffix)] = torch.cat([full["var_scaled"], res["var_scaled"]])
+                for name in ("var", "mse", "var_scaled"):
+                    row[f"{name}_ci{suffix}"] = _ci(res[name])
+            row["ref_sq_norm"] = float(const["ref_sq"].mean())
+            table[f"N={N}/{est}"] = row
+        for a, b in pairs:
+            if a in estimators and b in estimators:
+                test = paired_test(draws[(a, "")], draws[(b, "")])
+                test["groups_only"] = paired_test(draws[(a, "_groups")], draws[(b, "_groups")])
+                paired[f"N={N}/{a}-{b}"] = {"N": N, "a": a, "b": b, **test}
+    return table, paired
 
 
 def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scaled"):
@@ -454,7 +560,10 @@ def count_reward(text: str, n: int) -> float:
 
 
 def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_targets=(120, 160, 200)):
-    """(model, tokenizer, prompts, reward_fn(completion_ids, texts, prompt_index) -> list[float])."""
+    """(model, tokenizer, candidate prompts, reward_fn(completion_ids, texts, prompt_index) -> list[float]).
+
+    ``num_prompts`` is the length of the candidate list (math, quick); a fixed list, so that prompt i is the same
+    prompt in every invocation."""
     if quick:
         sys.path.insert(0, str(HERE.parent / "tests"))
         from conftest import build_tiny_model, build_tiny_tokenizer
@@ -561,13 +670,34 @@ def main():
         choices=list(SPACE_LABELS),
         help="parameter spaces (default: both for math, lm_head for count)",
     )
-    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 3, quick 3)")
-    parser.add_argument("--count-targets", type=int, nargs="+", default=[120, 160, 200], help="n of the count task")
+    parser.add_argument(
+        "--prompts", type=int, default=None, help="prompts kept per horizon (rewards vary in the pool; default 12)"
+    )
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        help="math: size of the fixed candidate list, tried in order until --prompts are kept (default 64)",
+    )
+    parser.add_argument(
+        "--count-targets",
+        type=int,
+        nargs="+",
+        default=[100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200, 210],
+        help="n of the count task (one candidate prompt each)",
+    )
     parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 16, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
+    parser.add_argument(
+        "--sample-horizon",
+        type=int,
+        default=None,
+        help="horizon the pools are sampled at (default the largest of --horizons; a pool serves every horizon up to "
+        "its own, cut to the first h tokens)",
+    )
     parser.add_argument("--Ns", type=int, nargs="+", default=None, help="group sizes (default 2 4 8 16)")
     parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 100)")
-    parser.add_argument("--bootstrap", type=int, default=200)
+    parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (math 1.0, count 0.7)")
     parser.add_argument("--batch-size", type=int, default=32, help="completions per generate call")
     parser.add_argument("--top-k", type=int, default=64, help="per-token top-k kept in the vocabulary subset")
@@ -581,13 +711,27 @@ def main():
         default=None,
         help="horizons analysed in the LoRA space (default: the shortest; the cost is quadratic in it)",
     )
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="folder of the sampled pools and adapter Gram matrices (default .cache/variance; quick: OUT/pools_quick)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes after which no new pool (or adapter Gram matrix) is computed; the run then analyses what is "
+        "cached and says what is missing, and the same command later resumes",
+    )
+    parser.add_argument("--sample-only", action="store_true", help="sample and cache the pools, analyse nothing")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--stem", default=None, help="output file name (default variance, variance_count, ..._quick)")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     args = parser.parse_args()
     q = args.quick
-    stem = "variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}")
+    stem = args.stem or ("variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}"))
     if args.replot:
         path = Path(args.out) / stem
         data = json.loads(path.with_suffix(".json").read_text())
@@ -596,87 +740,143 @@ def main():
         return
     torch.set_num_threads(args.threads)
     spaces = args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"])
-    lora_horizons = sorted(args.lora_horizons or [min(args.horizons or ([8, 24] if args.quick else [64, 256]))])
+    horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
+    lora_horizons = sorted(args.lora_horizons or [min(horizons)])
+    sample_horizon = args.sample_horizon or max(horizons)
+    if sample_horizon < max(horizons):
+        raise SystemExit(f"--sample-horizon {sample_horizon} is below the largest horizon {max(horizons)}")
     temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
     sketch_dim = args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16)
-    num_prompts = len(args.count_targets) if args.task == "count" and not q else (args.prompts or 3)
+    target = args.prompts or (3 if q else 12)
+    candidates = len(args.count_targets) if args.task == "count" and not q else (args.candidates or (6 if q else 64))
     pool_size = args.pool or (12 if q else 16)
-    horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
     num_groups = args.groups or (64 if q else 100)
-    torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
+    cache = Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance"))
+    task_tag = (
+        "quick" if q else (args.task if args.task == "math" else f"count-{'-'.join(map(str, args.count_targets))}")
+    )
+    key = f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}"
+    deadline = time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf")
 
     start = time.perf_counter()
-    model, tokenizer, prompts, reward_fn = setup(q, num_prompts, args.seed, args.task, args.count_targets)
+    model, tokenizer, prompts, reward_fn = setup(q, candidates, args.seed, args.task, args.count_targets)
     model.eval()
     head_weight = model.get_output_embeddings().weight.detach()
-    pools, prompt_ids = sample_pool(
-        model, tokenizer, prompts, pool_size, max(horizons), args.batch_size, temperature, args.top_k
-    )
+
+    # Candidates in a fixed order, until every horizon has `target` prompts whose pool rewards vary there.
+    pools, kept, rewards_at, missing = {}, {h: [] for h in horizons}, {}, None
+    for p, prompt in enumerate(prompts):
+        if all(len(kept[h]) >= target for h in horizons):
+            break
+        path = cache / f"{key}-p{p:03d}.pt"
+        if not path.exists() and time.perf_counter() > deadline:
+            missing = f"time limit reached before candidate {p} was sampled"
+            break
+        data, was_cached = load_or_sample_pool(
+            model, tokenizer, prompt, p, cache, key, pool_size, sample_horizon, args.batch_size, temperature,
+            args.top_k, args.seed,
+        )  # fmt: skip
+        pools[p] = data
+        for h in horizons:
+            ids = [c["ids"][:h] for c in data["records"]]
+            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            rewards_at[(p, h)] = reward_fn([x.tolist() for x in ids], texts, p)
+            if len(kept[h]) < target and len(set(rewards_at[(p, h)])) > 1:
+                kept[h].append(p)
+        how = "cached" if was_cached else f"sampled in {data['sample_seconds']:.0f} s"
+        print(
+            f"candidate {p}: {how}, kept at "
+            f"{[h for h in horizons if p in kept[h]]}; kept so far {[len(kept[h]) for h in horizons]}",
+            flush=True,
+        )
+    short = {h: len(kept[h]) for h in horizons if len(kept[h]) < target}
+    if short and missing is None:
+        missing = f"the {len(prompts)} candidates gave fewer than {target} prompts with varying rewards"
+    if short:
+        print(f"WARNING: {missing}: prompts kept per horizon {short} (target {target})", flush=True)
     sampled_s = time.perf_counter() - start
-    adapter_rows, adapter_s = None, 0.0
+    if args.sample_only:
+        print(f"pools cached in {cache} ({sampled_s:.0f} s)")
+        return
+
+    adapter, lora_s = None, {}
     if "lora" in spaces:
-        t0 = time.perf_counter()
         adapter = attach_adapter(model)
         adapter.eval()
-        adapter_rows = []
-        for p, comps in enumerate(pools):
-            ids = [c["ids"][: max(lora_horizons)] for c in comps]
-            rows = adapter_token_gradients(adapter, prompt_ids[p], ids, sketch_dim, temperature)
-            adapter_rows.append(torch.cat(rows))
-            print(f"  adapter gradients of pool {p + 1}/{len(pools)}: {adapter_rows[-1].shape[0]} tokens", flush=True)
-        adapter_s = time.perf_counter() - t0
     results = {space: {} for space in spaces}
+    analysis_s = {space: {} for space in spaces}
+    generator = torch.Generator()
     for h in horizons:
         per_prompt = {space: [] for space in spaces}
-        kept, bounds, subset_sizes, mean_len = [], [], [], []
-        for p, comps in enumerate(pools):
-            ids = [c["ids"][:h] for c in comps]
-            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            rewards = reward_fn([x.tolist() for x in ids], texts, p)
-            if len(set(rewards)) < 2:
-                continue
+        bounds, subset_sizes, mean_len, kept_rows, lora_missing = [], [], [], [], []
+        t_head = t_lora = 0.0
+        for p in kept[h]:
+            comps, rewards = pools[p]["records"], rewards_at[(p, h)]
             R, proxy, mask = prompt_tensors(comps, rewards, h)
             grams = {}
+            t0 = time.perf_counter()
             if "lm_head" in spaces:
                 cut = [{k: v[:h] for k, v in c.items()} for c in comps]
                 grams["lm_head"], bound, subset = token_gram(cut, head_weight, temperature)
                 bounds.append(bound)
                 subset_sizes.append(subset)
+            t1 = time.perf_counter()
             if "lora" in spaces and h in lora_horizons:
-                cut_lengths = [{"ids": c["ids"][: max(lora_horizons)]} for c in comps]
-                S = adapter_rows[p][horizon_token_index(cut_lengths, h)].double()
-                grams["lora"] = S @ S.T
-            # The same random groups in every space: one generator state per prompt, replayed.
-            state = generator.get_state()
+                gram_path = cache / f"{key}-p{p:03d}-lora-h{h}-d{sketch_dim}.pt"
+                if gram_path.exists() or time.perf_counter() < deadline:
+                    lora = cached_lora_gram(adapter, pools[p], cache, key, p, h, sketch_dim, temperature)
+                    grams["lora"] = lora["K"]
+                    lora_s[p] = lora["seconds"]
+                else:
+                    lora_missing.append(p)
+            t2 = time.perf_counter()
             for space, K in grams.items():
-                generator.set_state(state)
+                # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
+                generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
                 per_prompt[space].append(analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator))
-            kept.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards)})
+            t3 = time.perf_counter()
+            t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
+            t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
+            kept_rows.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards), "seed": pools[p]["seed"]})
             mean_len.append(float(mask.sum(1).float().mean()))
         for space in spaces:
             if space == "lora" and h not in lora_horizons:
                 continue
-            table = summarise(per_prompt[space], Ns, args.bootstrap, generator) if per_prompt[space] else {}
+            rows = per_prompt[space]
+            generator.manual_seed(args.seed * 31 + h)
+            table, paired = summarise(rows, Ns, args.bootstrap, generator) if rows else ({}, {})
             answer = matching_n(table, Ns) if table and 4 in Ns else None
+            analysis_s[space][str(h)] = t_head if space == "lm_head" else t_lora
+            used = [r for r in kept_rows if space != "lora" or r["prompt"] not in lora_missing]
             results[space][str(h)] = {
                 "horizon": h,
-                "prompts_kept": kept,
+                "prompts_kept": used,
+                "prompts_target": target,
                 "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
                 "tail_bound_max": max(bounds, default=0.0) if space == "lm_head" else 0.0,
                 "vocab_subset_sizes": subset_sizes if space == "lm_head" else [],
                 "grpo_N_matching_otb_N4": answer,
                 "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
                 "table": table,
+                "paired": paired,
+                "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
+                if space == "lora"
+                else None,
             }
             print(
-                f"{space}, horizon {h}: {len(kept)} prompts kept, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
+                f"{space}, horizon {h}: {len(rows)} prompts, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
             )
-            for key, row in table.items():
+            for k, row in table.items():
                 print(
-                    f"  {key:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
+                    f"  {k:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
                     f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+                )
+            for k, t in paired.items():
+                print(
+                    f"  {k:16s} diff {t['diff']:.4g} [{t['diff_ci'][0]:.4g}, {t['diff_ci'][1]:.4g}] ratio "
+                    f"{t['ratio']:.3f} [{t['ratio_ci'][0]:.3f}, {t['ratio_ci'][1]:.3f}]"
+                    f"{'  significant' if t['significant'] else ''}"
                 )
             print(f"  GRPO N matching OTB at N=4 (rescaled variance): {answer}")
     out = Path(args.out)
@@ -685,13 +885,21 @@ def main():
         "command": " ".join(["python benchmarks/variance.py", *sys.argv[1:]]),
         "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
         "task": "synthetic" if q else args.task,
+        "count_targets": args.count_targets if args.task == "count" and not q else None,
         "spaces": spaces,
         "temperature": temperature,
-        "prompts_sampled": num_prompts,
+        "prompts_target": target,
+        "candidates": candidates,
+        "candidates_tried": len(pools),
         "pool": pool_size,
+        "sample_horizon": sample_horizon,
+        "seed": args.seed,
+        "cache_key": key,
         "Ns": Ns,
         "groups_per_prompt": num_groups,
         "bootstrap": args.bootstrap,
+        "intervals": "95% percentile bootstrap; `*_ci`: prompts resampled, then groups within each (two levels); "
+        "`*_ci_groups`: prompts fixed, groups resampled; the scale a is re-estimated in every resample",
         "top_k": args.top_k,
         "lora": {
             "r": 16,
@@ -702,8 +910,14 @@ def main():
         }
         if "lora" in spaces
         else None,
-        "sampling_seconds": sampled_s,
-        "adapter_gradient_seconds": adapter_s,
+        "missing": missing if short else None,
+        "cost": {
+            "sample_seconds_per_pool": {str(p): d["sample_seconds"] for p, d in pools.items()},
+            "adapter_gram_seconds_per_prompt": {str(p): t for p, t in lora_s.items()},
+            "analysis_seconds": analysis_s,
+            "note": "sampling and adapter-gradient seconds were measured when each was computed (possibly by an "
+            "earlier invocation); analysis seconds are this invocation's",
+        },
         "total_seconds": time.perf_counter() - start,
     }
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
