@@ -98,7 +98,13 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
             ]
             out.append(f"| {est} | " + " | ".join(cells) + " |")
         if paired:
-            out += ["", *paired_table(space, h, paired, Ns)]
+            main = {k: t for k, t in paired.items() if t["a"] == "otb"}
+            study = {k: t for k, t in paired.items() if t["a"] != "otb"}
+            out += ["", *paired_table(space, h, main, Ns)]
+            if study:
+                out += ["", *study_table(space, h, study, Ns)]
+        if res.get("decomposition"):
+            out += ["", *decomposition_table(space, h, res["decomposition"], 4 if 4 in Ns else Ns[0])]
         match = res.get("grpo_N_matching_otb_N4")
         if match is not None:
             fmt = f"{match:.1f}" if isinstance(match, float) else match
@@ -132,6 +138,53 @@ def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
             verdict = ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
             cells += [f"{num(t['diff'])} ({num(lo)} to {num(hi)})", f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})", verdict]
         out.append(f"| {N} | " + " | ".join(cells) + " |")
+    return out
+
+
+def study_table(space: str, h, paired: dict, Ns) -> list[str]:
+    """Each study estimator against OTB on the same groups: ratio of rescaled variances (95% CI), and whether the
+    difference's interval excludes 0."""
+    names = list(dict.fromkeys(t["a"] for t in paired.values()))
+    out = [
+        f"{space}, horizon {h}, estimator study, paired against OTB: rescaled variance ratio to OTB (95% CI over "
+        "prompts and groups); **lower** / **higher** where the difference's interval excludes 0:",
+        "",
+        "| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |",
+        "|---|" + "---:|" * len(Ns),
+    ]
+    for name in names:
+        cells = []
+        for N in Ns:
+            t = paired.get(f"N={N}/{name}-otb")
+            if t is None:
+                cells.append("")
+                continue
+            lo, hi = t["ratio_ci"]
+            mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+            cells.append(f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]:
+    """Rescaled variance of the part of g made of the tokens where 1, at most half, over half, or all of the N
+    members are active (token share in brackets), the covariance between parts, and the total."""
+    rows = {k.split("/", 1)[1]: v for k, v in decomposition.items() if k.startswith(f"N={N}/")}
+    if not rows:
+        return []
+    bins = [b for b in next(iter(rows.values())) if b not in ("total_var_scaled", "cross_var_scaled")]
+    out = [
+        f"{space}, horizon {h}, N={N}: rescaled variance of the gradient's part from tokens where k of the N "
+        "members are still active (share of tokens in brackets), the cross terms between parts, and the total:",
+        "",
+        "| estimator | " + " | ".join(bins) + " | cross | total |",
+        "|---|" + "---:|" * (len(bins) + 2),
+    ]
+    for est, v in rows.items():
+        cells = [f"{num(v[b]['var_scaled'])} ({100 * v[b]['token_share']:.0f}%)" for b in bins]
+        out.append(
+            f"| {est} | " + " | ".join(cells) + f" | {num(v['cross_var_scaled'])} | {num(v['total_var_scaled'])} |"
+        )
     return out
 
 

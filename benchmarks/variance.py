@@ -333,14 +333,74 @@ def adapter_token_gradients(model, prompt_ids, completions, sketch_dim=2**16, te
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def group_coefficients(estimator, groups, rewards, proxy, mask, offsets, n_tokens):
-    """C [G, n]: coefficient of each pool token in g = (1/N) sum_i sum_t A_t^(i) s_t^(i), for every group."""
-    name, options = ESTIMATORS[estimator]
+def _contiguous_groups(x, group_ids):
+    """x [B, ...] viewed as [G, N, ...]: the groups that group_coefficients builds are contiguous and equal-sized."""
+    N = int((group_ids == group_ids[0]).sum())
+    if not torch.equal(group_ids, torch.arange(len(group_ids)) // N):
+        raise ValueError("the study variants take contiguous, equal-sized groups (as group_coefficients builds them)")
+    return x.view(-1, N, *x.shape[1:])
+
+
+def otb_carry_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
+    """Study variant: OTB whose finished members keep their final energy in the baseline,
+    B_t = sum_i R_i W_t^(i) / (sum_i W_t^(i) + eps) with W_t^(i) = sum_{j <= min(t, L_i)} w_j^(i) (no m_t factor).
+    Where every member is active it is OTB; past a member's end its final energy stays in the sums, so the longest
+    member is never alone (no tail rule needed). Member i's baseline uses its own prefix and the other members' data,
+    self-included as in OTB."""
+    m = mask.double()
+    W = _contiguous_groups(torch.cumsum(proxy.double() * m, dim=1), group_ids)  # [G, N, T]; constant past the end
+    R = _contiguous_groups(rewards.double(), group_ids)[..., None]  # [G, N, 1]
+    B = (R * W).sum(1, keepdim=True) / (W.sum(1, keepdim=True) + eps)
+    return ((R - B) * _contiguous_groups(m, group_ids)).reshape(m.shape)
+
+
+def otb_tail_last_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
+    """Study variant: OTB (self-included) whose lone longest member keeps the last baseline computed while at least
+    two members were active, instead of 0 (tail="zero") or its own reward (tail="none"). A member alone from its
+    first token (a group of one valid member) gets 0, as in OTB."""
+    m = _contiguous_groups(mask.double(), group_ids)
+    W = torch.cumsum(_contiguous_groups(proxy.double(), group_ids) * m, dim=2) * m
+    R = _contiguous_groups(rewards.double(), group_ids)[..., None]
+    B = (R * W).sum(1) / (W.sum(1) + eps)  # [G, T]
+    multi = m.sum(1) >= 2
+    T = B.shape[1]
+    last = torch.where(multi, torch.arange(T), torch.full_like(multi, -1, dtype=torch.long)).cummax(1).values
+    B_last = torch.where(last >= 0, B.gather(1, last.clamp(min=0)), torch.zeros_like(B))
+    B = torch.where(multi, B, B_last)
+    return ((R - B[:, None, :]) * m).reshape(mask.shape)
+
+
+STUDY_ESTIMATORS = {
+    "otb_tail_none": ("otb", {"tail": "none"}),
+    "otb_carry": (otb_carry_advantages, {}),
+    "otb_tail_last": (otb_tail_last_advantages, {}),
+}
+"""Added by --study: the tail rule off, and two variants that the decomposition may point to."""
+STUDY_PAIRS = (("otb_tail_none", "otb"), ("otb_carry", "otb"), ("otb_tail_last", "otb"), ("otb_loo", "otb"))
+DECOMPOSED = ("grpo", "ogb", "otb", "otb_tail_none", "otb_loo", "otb_carry", "otb_tail_last")
+SHARE_BINS = ("alone", "half or less", "over half", "all")
+"""Token bins by the number k of group members still active at the token's position: k = 1, 1 < k <= N/2,
+N/2 < k < N, k = N."""
+
+
+def share_bin(k, N):
+    """Bin index (into SHARE_BINS) of tokens at positions where k of the N group members are active."""
+    return torch.where(k == 1, 0, torch.where(k == N, 3, torch.where(2 * k <= N, 1, 2)))
+
+
+def group_coefficients(
+    estimator, groups, rewards, proxy, mask, offsets, n_tokens, estimators=None, token_weight=None, adv=None
+):
+    """C [G, n]: coefficient of each pool token in g = (1/N) sum_i sum_t A_t^(i) s_t^(i), for every group.
+
+    ``token_weight`` [G * N, T] multiplies each token's coefficient (a 0/1 filter keeps part of the gradient);
+    ``adv`` reuses advantages already computed for these groups."""
     G, N = groups.shape
     flat = groups.flatten()
-    adv = compute_advantages(
-        name, rewards[flat], proxy[flat], mask[flat], torch.arange(G).repeat_interleave(N), **options
-    ).double()
+    if adv is None:
+        adv = group_advantages(estimator, groups, rewards, proxy, mask, estimators)
+    if token_weight is not None:
+        adv = adv * token_weight
     T = mask.shape[1]
     C = torch.zeros(G, n_tokens + 1, dtype=torch.float64)
     token = offsets[flat][:, None] + torch.arange(T)[None, :]
@@ -348,6 +408,17 @@ def group_coefficients(estimator, groups, rewards, proxy, mask, offsets, n_token
     rows = torch.arange(G).repeat_interleave(N)[:, None].expand(-1, T)
     C.index_put_((rows.reshape(-1), token.reshape(-1)), (adv / N).reshape(-1), accumulate=True)
     return C[:, :n_tokens]
+
+
+def group_advantages(estimator, groups, rewards, proxy, mask, estimators=None):
+    """[G * N, T] advantages of every group's members (fp64), rows in group order."""
+    name, options = (estimators or ESTIMATORS)[estimator]
+    G, N = groups.shape
+    flat = groups.flatten()
+    group_ids = torch.arange(G).repeat_interleave(N)
+    args = (rewards[flat], proxy[flat], mask[flat], group_ids)
+    adv = name(*args, **options) if callable(name) else compute_advantages(name, *args, **options)
+    return adv.double()
 
 
 def reference_coefficients(rewards, mask, offsets, n_tokens):
@@ -367,8 +438,12 @@ def draw_groups(M, N, count, generator):
     return torch.randint(M, (count, N), generator=generator)
 
 
-def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
-    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap."""
+def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=()):
+    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap.
+
+    For the estimators in ``decompose``, also ``("bins", N, est)``: per SHARE_BINS bin, the variance of the part of
+    g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
+    estimators = estimators or ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
@@ -379,8 +454,24 @@ def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
     out = {}
     for N in Ns:
         groups = draw_groups(M, N, num_groups, generator)
-        for est in ESTIMATORS:
-            C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n)
+        flat_mask = mask[groups.flatten()]
+        # Members active at each position of each group, per member token: k [G * N, T].
+        active = flat_mask.view(num_groups, N, -1).sum(1)
+        bins = share_bin(active, N).repeat_interleave(N, dim=0)
+        for est in estimators:
+            adv = group_advantages(est, groups, rewards, proxy, mask, estimators)
+            C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n, adv=adv)
+            if est in decompose:
+                parts = {}
+                for b, name in enumerate(SHARE_BINS):
+                    keep = (bins == b).double()
+                    Cb = group_coefficients(est, groups, rewards, proxy, mask, offsets, n, adv=adv, token_weight=keep)
+                    Db = Cb - Cb.mean(0)
+                    parts[name] = {
+                        "var": float(((Db @ K) * Db).sum(1).mean()),
+                        "token_share": float((keep * flat_mask).sum() / flat_mask.sum()),
+                    }
+                out[("bins", N, est)] = parts
             KC = C @ K  # [G, n]
             sq = (KC * C).sum(1)  # ||g||^2
             c_bar = C.mean(0)
@@ -518,6 +609,27 @@ def summarise(per_prompt, Ns, boot, generator, estimators=None, pairs=PAIRS):
                 test["groups_only"] = paired_test(draws[(a, "_groups")], draws[(b, "_groups")])
                 paired[f"N={N}/{a}-{b}"] = {"N": N, "a": a, "b": b, **test}
     return table, paired
+
+
+def decomposition_summary(per_prompt, table, Ns, decompose):
+    """Per N and estimator, mean over prompts of each SHARE_BINS bin's variance, raw and rescaled by the estimator's
+    a^2 (from ``table``), with the bin's mean share of tokens; ``cross`` is the total minus the bins' sum (the
+    covariance between bins)."""
+    out = {}
+    for N in Ns:
+        for est in decompose:
+            rows = [pp[("bins", N, est)] for pp in per_prompt]
+            scale2 = table[f"N={N}/{est}"]["scale"] ** 2
+            entry = {}
+            for name in SHARE_BINS:
+                var = sum(r[name]["var"] for r in rows) / len(rows)
+                share = sum(r[name]["token_share"] for r in rows) / len(rows)
+                entry[name] = {"var": var, "var_scaled": scale2 * var, "token_share": share}
+            total = table[f"N={N}/{est}"]["var_scaled"]
+            entry["total_var_scaled"] = total
+            entry["cross_var_scaled"] = total - sum(entry[name]["var_scaled"] for name in SHARE_BINS)
+            out[f"N={N}/{est}"] = entry
+    return out
 
 
 def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scaled"):
@@ -724,6 +836,12 @@ def main():
         "cached and says what is missing, and the same command later resumes",
     )
     parser.add_argument("--sample-only", action="store_true", help="sample and cache the pools, analyse nothing")
+    parser.add_argument(
+        "--study",
+        action="store_true",
+        help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
+        "members (the estimator study of docs/benchmarks.md)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
@@ -800,6 +918,9 @@ def main():
         print(f"pools cached in {cache} ({sampled_s:.0f} s)")
         return
 
+    estimators = {**ESTIMATORS, **(STUDY_ESTIMATORS if args.study else {})}
+    pairs = PAIRS + (STUDY_PAIRS if args.study else ())
+    decompose = DECOMPOSED if args.study else ()
     adapter, lora_s = None, {}
     if "lora" in spaces:
         adapter = attach_adapter(model)
@@ -834,7 +955,9 @@ def main():
             for space, K in grams.items():
                 # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
                 generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
-                per_prompt[space].append(analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator))
+                per_prompt[space].append(
+                    analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator, estimators, decompose)
+                )
             t3 = time.perf_counter()
             t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
             t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
@@ -845,7 +968,10 @@ def main():
                 continue
             rows = per_prompt[space]
             generator.manual_seed(args.seed * 31 + h)
-            table, paired = summarise(rows, Ns, args.bootstrap, generator) if rows else ({}, {})
+            table, paired = (
+                summarise(rows, Ns, args.bootstrap, generator, list(estimators), pairs) if rows else ({}, {})
+            )
+            decomposition = decomposition_summary(rows, table, Ns, decompose) if rows and decompose else None
             answer = matching_n(table, Ns) if table and 4 in Ns else None
             analysis_s[space][str(h)] = t_head if space == "lm_head" else t_lora
             used = [r for r in kept_rows if space != "lora" or r["prompt"] not in lora_missing]
@@ -860,6 +986,7 @@ def main():
                 "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
                 "table": table,
                 "paired": paired,
+                "decomposition": decomposition,
                 "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
                 if space == "lora"
                 else None,

@@ -370,3 +370,76 @@ def test_variance_run_resumes_from_the_cache(tmp_path, monkeypatch):
     assert len(res["prompts_kept"]) == 3 and set(res["paired"]) == {
         f"N={n}/otb-{b}" for n in (2, 4) for b in ("grpo", "ogb")
     }
+
+
+def test_study_variants_obey_their_definitions():
+    """The two study variants: OTB where every member is active, GRPO with equal weights and lengths, and their own
+    rule past a member's end."""
+    from trl_otb import grpo_advantages, otb_advantages
+
+    g = torch.Generator().manual_seed(0)
+    G, N, T = 5, 4, 9
+    B = G * N
+    group_ids = torch.arange(B) // N
+    rewards = torch.rand(B, generator=g, dtype=torch.float64)
+    proxy = 0.1 + torch.rand(B, T, generator=g, dtype=torch.float64)
+    full = torch.ones(B, T)
+    for fn in (variance.otb_carry_advantages, variance.otb_tail_last_advantages):
+        # Equal lengths: OTB exactly; equal weights too: unscaled GRPO.
+        assert torch.allclose(
+            fn(rewards, proxy, full, group_ids), otb_advantages(rewards, proxy, full, group_ids).double()
+        )
+        ones = torch.ones(B, T, dtype=torch.float64)
+        assert torch.allclose(
+            fn(rewards, ones, full, group_ids), grpo_advantages(rewards, ones, full, group_ids).double()
+        )
+    lengths = torch.randint(1, T - 2, (B,), generator=g)
+    lengths[::N] = T  # one member of each group is the longest ...
+    lengths[1::N] = T - 3  # ... strictly, past T - 3
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    w = proxy * mask
+    W_carry = torch.cumsum(w, 1)  # finished members keep their final energy
+    adv = variance.otb_carry_advantages(rewards, proxy, mask, group_ids)
+    baseline = rewards[:, None] - adv  # valid where mask is 1
+    for grp in range(G):
+        rows = slice(grp * N, (grp + 1) * N)
+        expected = (rewards[rows, None] * W_carry[rows]).sum(0) / W_carry[rows].sum(0)
+        assert torch.allclose(baseline[rows][mask[rows].bool()], expected.expand(N, T)[mask[rows].bool()])
+    adv = variance.otb_tail_last_advantages(rewards, proxy, mask, group_ids)
+    none = otb_advantages(rewards, proxy, mask, group_ids, tail="none").double()
+    active = mask.view(G, N, T).sum(1).repeat_interleave(N, 0)
+    multi = (active >= 2) & mask.bool()
+    assert torch.allclose(adv[multi], none[multi])
+    for grp in range(G):
+        i = grp * N  # the lone longest member: past T - 3 its baseline is the one at position T - 4
+        b_last = rewards[i] - none[i, T - 4]
+        assert torch.allclose(rewards[i] - adv[i, T - 3 :], b_last.expand(3))
+    assert torch.all(adv[mask == 0] == 0)
+
+
+def test_share_bins_partition_every_groups_gradient():
+    """The decomposition by share of active members splits each group's coefficient vector into parts that add up
+    to it, and analyse_prompt reports token shares that sum to 1."""
+    g = torch.Generator().manual_seed(0)
+    M, T = 6, 7
+    lengths = torch.tensor([7, 2, 5, 7, 1, 3])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    rewards, proxy = torch.rand(M, generator=g), torch.rand(M, T, generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    n = int(lengths.sum())
+    groups = variance.draw_groups(M, 4, 10, g)
+    active = mask[groups.flatten()].view(10, 4, T).sum(1)
+    bins = variance.share_bin(active, 4).repeat_interleave(4, dim=0)
+    C = variance.group_coefficients("otb", groups, rewards, proxy, mask, offsets, n)
+    parts = [
+        variance.group_coefficients("otb", groups, rewards, proxy, mask, offsets, n, token_weight=(bins == b).double())
+        for b in range(len(variance.SHARE_BINS))
+    ]
+    assert torch.allclose(sum(parts), C)
+    assert variance.share_bin(torch.tensor([1, 2, 3, 4]), 4).tolist() == [0, 1, 2, 3]
+    A = torch.randn(n, n, generator=g, dtype=torch.float64)
+    out = variance.analyse_prompt(A @ A.T, rewards, proxy, mask, [4], 10, g, decompose=("otb", "grpo"))
+    for est in ("otb", "grpo"):
+        bins_out = out[("bins", 4, est)]
+        assert sum(b["token_share"] for b in bins_out.values()) == pytest.approx(1.0)
+        assert all(b["var"] >= 0 for b in bins_out.values())
