@@ -1,8 +1,16 @@
 """Gradient variance of the advantage estimators, in the LM head's and in a LoRA adapter's parameter space.
 
     python benchmarks/variance.py            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
-    python benchmarks/variance.py --task count --pool 16 --horizons 256 512 1024   # long answers, LM head only
+    python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024   # long answers, LM head only
     python benchmarks/variance.py --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
+
+Prompts. Candidates are tried in a fixed order (math: the first 64 generated training prompts; count: one per
+``--count-targets``) until ``--prompts`` (default 12) of them have pool rewards that vary at each horizon. Each
+prompt's pool is sampled once, seeded by (``--seed``, prompt index), and cached in ``--cache`` (default
+``.cache/variance``) with its seed and settings, so a run can stop (``--time-limit`` minutes: no new pool after
+that) and the same command resumes it later; ``--sample-only`` only fills the cache. The LoRA space's Gram matrices
+are cached the same way. ``--study`` adds the estimator study (the tail rule off, two OTB variants, the variance
+split by share of active members).
 
 Method. For each prompt, a pool of M completions is sampled once (temperature 1) at the longest horizon and scored
 with the accuracy reward; a shorter horizon h uses the same completions cut to their first h tokens (exactly what
@@ -36,7 +44,11 @@ sampled at temperature 0.7 (at 1.0 the embedded model does not count); the answe
 number (n = 200: ~900 tokens), and the reward is the share of 1..n listed in order before the first mistake, halved
 if the list does not end at n: a long answer whose reward is decided by where its first error falls.
 
-Reported per space, horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
+Reported per space, horizon, N and estimator (mean over prompts; 95% percentile bootstrap intervals, two schemes:
+``*_ci`` resamples prompts, then groups within each resampled prompt; ``*_ci_groups`` keeps the prompts and
+resamples groups; the scale a is re-estimated in every resample). Per N, paired tests of OTB against GRPO and OGB:
+every estimator sees the same groups and the same resamples, and the interval of the per-resample difference of
+rescaled variances says whether they differ at 95%:
 - ``var``: E||g - E g||^2, the variance around the estimator's own mean;
 - ``mse``: E||g - g_ref||^2 against the pool reference g_ref = (1/M) sum_j (R_j - mean_k R_k) S_j, the policy
   gradient of the pool's empirical distribution (RLOO on groups drawn from it is unbiased for it);
