@@ -450,11 +450,13 @@ def draw_groups(M, N, count, generator):
     return torch.randint(M, (count, N), generator=generator)
 
 
-def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=()):
+def analyse_prompt(
+    K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,)
+):
     """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap.
 
-    For the estimators in ``decompose``, also ``("bins", N, est)``: per SHARE_BINS bin, the variance of the part of
-    g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
+    For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
+    the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
     estimators = estimators or ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)
@@ -473,7 +475,7 @@ def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator, estimator
         for est in estimators:
             adv = group_advantages(est, groups, rewards, proxy, mask, estimators)
             C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n, adv=adv)
-            if est in decompose:
+            if est in decompose and N in decompose_Ns:
                 parts = {}
                 for b, name in enumerate(SHARE_BINS):
                     keep = (bins == b).double()
@@ -854,6 +856,9 @@ def main():
         help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
         "members (the estimator study of docs/benchmarks.md)",
     )
+    parser.add_argument(
+        "--decompose-Ns", type=int, nargs="+", default=[4], help="group sizes of the --study split (default 4)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
@@ -968,7 +973,9 @@ def main():
                 # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
                 generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
                 per_prompt[space].append(
-                    analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator, estimators, decompose)
+                    analyse_prompt(
+                        K, R, proxy, mask, Ns, num_groups, generator, estimators, decompose, args.decompose_Ns
+                    )
                 )
             t3 = time.perf_counter()
             t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
@@ -983,7 +990,11 @@ def main():
             table, paired = (
                 summarise(rows, Ns, args.bootstrap, generator, list(estimators), pairs) if rows else ({}, {})
             )
-            decomposition = decomposition_summary(rows, table, Ns, decompose) if rows and decompose else None
+            decomposition = (
+                decomposition_summary(rows, table, [n for n in Ns if n in args.decompose_Ns], decompose)
+                if rows and decompose
+                else None
+            )
             answer = matching_n(table, Ns) if table and 4 in Ns else None
             analysis_s[space][str(h)] = t_head if space == "lm_head" else t_lora
             used = [r for r in kept_rows if space != "lora" or r["prompt"] not in lora_missing]
