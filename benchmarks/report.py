@@ -219,7 +219,8 @@ def main():
         ("overhead_smollm2_after_f73f862", overhead_table),
         ("variance", variance_table),
         ("variance_count", variance_table),
-        ("variance_math12", variance_table),
+        ("variance_math12_h64", variance_table),
+        ("variance_math12_h256", variance_table),
         ("variance_count12", variance_table),
         ("sample_efficiency_embedded_math", efficiency_table),
     ]
