@@ -220,6 +220,7 @@ def main():
         ("variance", variance_table),
         ("variance_count", variance_table),
         ("variance_math12_h64", variance_table),
+        ("variance_math12", variance_table),
         ("variance_math12_h256", variance_table),
         ("variance_count12_h256", variance_table),
         ("variance_count12", variance_table),

@@ -809,8 +809,8 @@ def main():
         "--count-targets",
         type=int,
         nargs="+",
-        default=[100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200, 210],
-        help="n of the count task (one candidate prompt each)",
+        default=list(range(100, 240, 10)),
+        help="n of the count task, one candidate prompt each, tried in order (default 100, 110, ..., 230)",
     )
     parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 16, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
@@ -888,9 +888,9 @@ def main():
     Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
     num_groups = args.groups or (64 if q else 100)
     cache = Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance"))
-    task_tag = (
-        "quick" if q else (args.task if args.task == "math" else f"count-{'-'.join(map(str, args.count_targets))}")
-    )
+    # Prompt i of a task is the same prompt in every invocation (a cached pool is checked against it on load), so
+    # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
+    task_tag = "quick" if q else args.task
     key = f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}"
     deadline = time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf")
 
