@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
 done
 OUT_DIR="${OUT_DIR:-${OUT:-benchmarks/results}}"
 mkdir -p "$OUT_DIR"
+exec > >(tee "$OUT_DIR/device_run.log") 2>&1  # the whole log next to the results
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 

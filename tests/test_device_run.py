@@ -39,6 +39,7 @@ def test_device_run_dry_run_writes_every_part(tmp_path):
     }
     for path in paths.values():
         assert path.exists(), f"{path.name} was not written"
+    assert "device_run (cpu) finished" in (tmp_path / "device_run.log").read_text()
     # Written in order: each part's JSON exists before the next part starts.
     times = [paths[k].stat().st_mtime for k in ("overhead", "speed", "fused", "efficiency")]
     assert times == sorted(times)
