@@ -223,6 +223,7 @@ def main():
         ("variance_math12", variance_table),
         ("variance_math12_h256", variance_table),
         ("variance_count12_h256", variance_table),
+        ("variance_count12_h512", variance_table),
         ("variance_count12", variance_table),
         ("sample_efficiency_embedded_math", efficiency_table),
     ]
