@@ -2,6 +2,10 @@
 
     python benchmarks/advantages_speed.py            # 128 prompts x 8 completions x T in {128, 512, 2048, 8192}
     python benchmarks/advantages_speed.py --quick    # small sizes, a few seconds
+    python benchmarks/advantages_speed.py --device cuda --sizes 128x8x2048 128x8x8192 --stem device_advantages_speed
+
+On a GPU (``--device cuda``) the inputs live on the device and the clock is wall time with the device synchronised
+before and after each call (``meta.clock``); on the CPU it is this process's CPU time.
 
 OTB runs with its full contract switched on: ``tail="zero"``, some NaN rewards, ragged lengths and
 ``is_weights``. The floor is the least work any position-aligned weighted-mean baseline must do on the
@@ -20,6 +24,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +47,7 @@ def floor_advantages(rewards, proxy, mask, num_prompts, group_size):
     return (rewards[:, None] - baseline) * mask
 
 
-def make_inputs(num_prompts, group_size, T, seed=0):
+def make_inputs(num_prompts, group_size, T, seed=0, device="cpu"):
     """Ragged completions (lengths uniform in [T/8, T]), proxy in [0, 2), 1% NaN rewards, clipped IS ratios."""
     g = torch.Generator().manual_seed(seed)
     B = num_prompts * group_size
@@ -53,7 +58,12 @@ def make_inputs(num_prompts, group_size, T, seed=0):
     rewards[torch.rand(B, generator=g) < 0.01] = float("nan")
     is_weights = torch.empty(B, T).uniform_(0.8, 1.2, generator=g).clamp(max=1.1)
     group_ids = torch.arange(B) // group_size
-    return rewards, proxy, mask, group_ids, is_weights
+    return tuple(x.to(device) for x in (rewards, proxy, mask, group_ids, is_weights))
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def estimators(rewards, proxy, mask, group_ids, is_weights, num_prompts, group_size):
@@ -70,22 +80,28 @@ def estimators(rewards, proxy, mask, group_ids, is_weights, num_prompts, group_s
     }
 
 
-def bench_size(num_prompts, group_size, T, repeats, seed):
-    inputs = make_inputs(num_prompts, group_size, T, seed)
+def bench_size(num_prompts, group_size, T, repeats, seed, device="cpu"):
+    """Per estimator, the clock's seconds per call: CPU time of this process on the CPU, synchronised wall time on
+    a GPU (kept under ``cpu_seconds`` either way, so every reader of the JSON finds it)."""
+    inputs = make_inputs(num_prompts, group_size, T, seed, device)
     fns = estimators(*inputs, num_prompts, group_size)
     for fn in fns.values():  # warm-up: allocator, first-call overheads
         fn()
-    times = {name: [] for name in fns}  # CPU seconds of this process
+    on_gpu = str(device).startswith("cuda")
+    times = {name: [] for name in fns}  # the clock: CPU seconds of this process, or synchronised wall on a GPU
     walls = {name: [] for name in fns}
     order = list(fns)
     rng = random.Random(seed)
     for _ in range(repeats):
         rng.shuffle(order)
         for name in order:
+            _sync(device)
             start, start_cpu = time.perf_counter(), time.process_time()
             fns[name]()
-            times[name].append(time.process_time() - start_cpu)
-            walls[name].append(time.perf_counter() - start)
+            _sync(device)
+            wall = time.perf_counter() - start
+            times[name].append(wall if on_gpu else time.process_time() - start_cpu)
+            walls[name].append(wall)
     tokens = num_prompts * group_size * T
     result = {
         "prompts": num_prompts,
@@ -116,7 +132,7 @@ def profile_otb(num_prompts=128, group_size=8, T=1024, calls=5):
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
-def plot(results, path):
+def plot(results, path, ylabel="median CPU ms (1 thread)"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,9 +147,7 @@ def plot(results, path):
         ax1.plot(tokens, [r["median_s"][name] * 1e3 for r in results], marker="o", label=name, **style)
         if name != "floor":
             ax2.plot(tokens, [r["ratio_to_floor"][name] for r in results], marker="o", label=name, **style)
-    ax1.set(
-        xscale="log", yscale="log", xlabel="tokens (B x T)", ylabel="median CPU ms (1 thread)", title="Time per call"
-    )
+    ax1.set(xscale="log", yscale="log", xlabel="tokens (B x T)", ylabel=ylabel, title="Time per call")
     ax2.axhline(2.0, color="red", lw=1, ls=":", label="2x floor")
     ax2.set(xscale="log", xlabel="tokens (B x T)", ylabel="time / floor (median of per-repeat ratios)")
     ax2.set_title("Ratio to the floor")
@@ -157,6 +171,11 @@ def main():
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (inputs on the GPU, synchronised wall clock)")
+    parser.add_argument(
+        "--sizes", nargs="+", default=None, help="PROMPTSxGROUPxT, e.g. 128x8x2048 (default: the full or quick set)"
+    )
+    parser.add_argument("--stem", default=None, help="output file name without suffix")
     parser.add_argument("--profile", action="store_true", help="print the torch profile of OTB at 1M tokens, and exit")
     args = parser.parse_args()
     if args.threads:
@@ -164,27 +183,42 @@ def main():
     if args.profile:
         profile_otb()
         return
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes:
+        try:
+            sizes = [tuple(int(x) for x in s.lower().split("x")) for s in args.sizes]
+        except ValueError:
+            sizes = []
+        if not sizes or any(len(s) != 3 or min(s) < 1 for s in sizes):
+            raise SystemExit(
+                f"--sizes takes PROMPTSxGROUPxT with positive integers, e.g. 128x8x2048, got {args.sizes}"
+            )
     repeats = args.repeats or (5 if args.quick else 9)
     results = []
     for num_prompts, group_size, T in sizes:
         # Small sizes are cheap and their timings noisy (a call lasts ~1 ms): more repeats, up to 60.
         tokens = num_prompts * group_size * T
-        r = bench_size(num_prompts, group_size, T, min(60, max(repeats, int(repeats * 2e6 / tokens))), args.seed)
+        reps = min(60, max(repeats, int(repeats * 2e6 / tokens)))
+        r = bench_size(num_prompts, group_size, T, reps, args.seed, args.device)
         results.append(r)
         ratios = " ".join(f"{k}={v:.2f}" for k, v in r["ratio_to_floor"].items())
         print(f"{r['tokens'] / 1e6:6.2f}M tokens  floor {r['median_s']['floor'] * 1e3:8.1f} ms  x floor: {ratios}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "advantages_speed_quick" if args.quick else "advantages_speed"
+    stem = args.stem or ("advantages_speed_quick" if args.quick else "advantages_speed")
+    on_gpu = args.device.startswith("cuda")
     meta = {
-        "command": "python benchmarks/advantages_speed.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python benchmarks/advantages_speed.py", *sys.argv[1:]]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "clock": "wall, device synchronised before and after each call" if on_gpu else "process CPU time",
     }
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    plot(results, out / f"{stem}.png")
+    plot(results, out / f"{stem}.png", "median wall ms (GPU, synchronised)" if on_gpu else "median CPU ms (1 thread)")
     print(f"wrote {out / stem}.json and .png")
 
 

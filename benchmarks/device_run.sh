@@ -1,13 +1,94 @@
 #!/usr/bin/env bash
-# The prepared GPU run of benchmarks/sample_efficiency.py (see docs/benchmarks.md for its estimated cost).
-# The device machine has no Hub access and no embedded model, so the policy is SmolLM2-135M's architecture with
-# random weights and a byte-level tokenizer, on the `digits` task, which is learnable from a random start.
-# Usage: bash benchmarks/device_run.sh [output folder]   (default: $OUT if set, else benchmarks/results)
-set -euo pipefail
+# The prepared GPU run: every GPU measurement of docs/benchmarks.md (section "The GPU run") in one command of about
+# 9 minutes, each part writing its JSON before the next starts:
+#   1. trainer overhead, OTBTrainer vs GRPOTrainer, bf16, Qwen2.5-0.5B shapes (random init), 1024 and 4096
+#      completion tokens, interleaved pairs: step time and peak CUDA memory       -> device_overhead.json
+#   2. estimator speed on the GPU at 2.1M and 8.4M tokens against the floor      -> device_advantages_speed.json
+#   3. TRL's fused LM head with and without log_sum_sq_probs                     -> device_fused_head.json
+#   4. the sample-efficiency job (SmolLM2-135M shapes, random init, `digits`), in whatever time is left
+#                                                                                 -> sample_efficiency_random-smollm2_digits.json
+# The machine has torch, transformers, peft and accelerate but no trl, no datasets and no Hub: missing packages are
+# installed from the wheels in .whl/ (how to fetch them: docs/benchmarks.md) into /tmp/site.
+#
+# Usage: bash benchmarks/device_run.sh [--dry-run] [--budget SECONDS] [output folder]
+#   output folder: default $OUT if set, else benchmarks/results
+#   --budget: the whole run's seconds (default 540); parts 1 to 3 get fixed shares, part 4 what is left
+#   --dry-run: on a CPU, tiny shapes and sizes, the same scripts and code paths (tests/test_device_run.py)
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-OUT_DIR="${1:-${OUT:-benchmarks/results}}"
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
-python benchmarks/sample_efficiency.py --model random-smollm2 --task digits --seeds 0 1 2 --steps 40 \
-    --prompts-per-step 16 --max-completion-length 32 --learning-rate 1e-4 --eval-every 10 --num-test 64 \
-    --out "$OUT_DIR" 2>&1 | grep -v -i warn
+
+DRY=0
+BUDGET=540
+OUT_DIR=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --budget) BUDGET="$2"; shift ;;
+        -*) echo "unknown option $1" >&2; exit 2 ;;
+        *) OUT_DIR="$1" ;;
+    esac
+    shift
+done
+OUT_DIR="${OUT_DIR:-${OUT:-benchmarks/results}}"
+mkdir -p "$OUT_DIR"
+exec > >(tee "$OUT_DIR/device_run.log") 2>&1  # the whole log next to the results
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+
+# 0. Packages: trl and datasets (and datasets' dill and multiprocess) from .whl/ where they are missing.
+if ! "$PY" -c "import trl, datasets" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "trl or datasets is missing and .whl/ holds no wheels: fetch them as docs/benchmarks.md says" >&2
+        exit 1
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import torch, transformers, trl, datasets, trl_otb
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__,
+      'cuda', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" || exit 1
+
+if [ "$DRY" = 1 ]; then
+    DEVICE=cpu
+    OVERHEAD_ARGS=(--dry-run)
+    SPEED_ARGS=(--device cpu --sizes 16x8x64 --repeats 2)
+    FUSED_ARGS=(--dry-run)
+    EFFICIENCY_ARGS=(--model tiny --task digits --arms otb_N4 --seeds 0 --steps 1 --prompts-per-step 2
+        --max-completion-length 8 --eval-every 1 --num-train 16 --num-test 2 --learning-rate 1e-3)
+else
+    DEVICE=cuda
+    "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device (use --dry-run on a CPU)'" || exit 1
+    OVERHEAD_ARGS=(--shape qwen2.5-0.5b --lengths 1024 4096 --pairs 3 --budget-s $((BUDGET * 50 / 100)))
+    SPEED_ARGS=(--device cuda --sizes 128x8x2048 128x8x8192 --repeats 9)
+    FUSED_ARGS=(--shape qwen2.5-0.5b --lengths 1024 4096 --batch 8 --repeats 10)
+    EFFICIENCY_ARGS=(--model random-smollm2 --task digits --seeds 0 1 2 --steps 40 --prompts-per-step 16
+        --max-completion-length 32 --learning-rate 1e-4 --eval-every 10 --num-test 64)
+fi
+
+# part NAME SHARE_PERCENT COMMAND...: runs COMMAND under a time limit of SHARE_PERCENT of the budget (0: whatever is
+# left), never past the budget; a part that fails or runs out of time does not stop the next one.
+part() {
+    local name="$1" share="$2"
+    shift 2
+    local left=$((BUDGET - SECONDS)) limit
+    limit=$((share > 0 ? BUDGET * share / 100 : left))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 20 ]; then
+        echo "== $name: skipped, ${left} s of the ${BUDGET} s budget left"
+        return
+    fi
+    echo "== $name (at most ${limit} s; ${SECONDS} s elapsed)"
+    timeout -k 10 "$limit" "$@"
+    local rc=$?
+    [ $rc -ne 0 ] && echo "== $name: exit status $rc (124: out of time)"
+    echo "== $name done at ${SECONDS} s"
+}
+
+part "1. trainer overhead" 62 "$PY" benchmarks/device_bench.py overhead "${OVERHEAD_ARGS[@]}" --out "$OUT_DIR"
+part "2. estimator speed" 8 "$PY" benchmarks/advantages_speed.py "${SPEED_ARGS[@]}" --stem device_advantages_speed \
+    --out "$OUT_DIR"
+part "3. fused head sum pi^2" 14 "$PY" benchmarks/device_bench.py fused-head "${FUSED_ARGS[@]}" --out "$OUT_DIR"
+part "4. sample efficiency" 0 "$PY" benchmarks/sample_efficiency.py "${EFFICIENCY_ARGS[@]}" --out "$OUT_DIR"
+echo "device_run ($DEVICE) finished in ${SECONDS} s; results in $OUT_DIR"

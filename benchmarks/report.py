@@ -71,9 +71,11 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
         Ns = sorted({row["N"] for row in table.values()})
         ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
         bound = f", tail bound {res['tail_bound_max']:.1e}" if res["tail_bound_max"] else ""
+        paired = res.get("paired")
+        ci = "95% CI over prompts and groups (two-level bootstrap)" if paired is not None else "95% CI"
         out.append(
             f"**{space}, horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion "
-            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, 95% CI in brackets:"
+            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, {ci} in brackets:"
         )
         out.append("")
         out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
@@ -95,12 +97,94 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
                 f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}" for r in (table[f"N={N}/{est}"] for N in Ns)
             ]
             out.append(f"| {est} | " + " | ".join(cells) + " |")
+        if paired:
+            main = {k: t for k, t in paired.items() if t["a"] == "otb"}
+            study = {k: t for k, t in paired.items() if t["a"] != "otb"}
+            out += ["", *paired_table(space, h, main, Ns)]
+            if study:
+                out += ["", *study_table(space, h, study, Ns)]
+        if res.get("decomposition"):
+            out += ["", *decomposition_table(space, h, res["decomposition"], 4 if 4 in Ns else Ns[0])]
         match = res.get("grpo_N_matching_otb_N4")
         if match is not None:
             fmt = f"{match:.1f}" if isinstance(match, float) else match
             out.append("")
             out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt} (log-log interpolation).")
         out.append("")
+    return out
+
+
+def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
+    """Per N, OTB minus each other estimator on the same groups: difference and ratio with their 95% intervals
+    (prompts and groups resampled together for both), and whether the difference's interval excludes 0."""
+    others = list(dict.fromkeys(t["b"] for t in paired.values()))
+    out = [
+        f"{space}, horizon {h}, paired (same groups, same resamples), rescaled variance of OTB minus / over "
+        + ", ".join(o.upper() if o != "grpo" else "GRPO (unscaled)" for o in others)
+        + ", 95% CI over prompts and groups; **yes** where the difference's interval excludes 0:",
+        "",
+        "| N | " + " | ".join(f"OTB - {o} | OTB / {o} | differ?" for o in others) + " |",
+        "|---|" + "---:|---:|---|" * len(others),
+    ]
+    for N in Ns:
+        cells = []
+        for o in others:
+            t = paired.get(f"N={N}/otb-{o}")
+            if t is None:
+                cells += ["", "", ""]
+                continue
+            lo, hi = t["diff_ci"]
+            rlo, rhi = t["ratio_ci"]
+            verdict = ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
+            cells += [f"{num(t['diff'])} ({num(lo)} to {num(hi)})", f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})", verdict]
+        out.append(f"| {N} | " + " | ".join(cells) + " |")
+    return out
+
+
+def study_table(space: str, h, paired: dict, Ns) -> list[str]:
+    """Each study estimator against OTB on the same groups: ratio of rescaled variances (95% CI), and whether the
+    difference's interval excludes 0."""
+    names = list(dict.fromkeys(t["a"] for t in paired.values()))
+    out = [
+        f"{space}, horizon {h}, estimator study, paired against OTB: rescaled variance ratio to OTB (95% CI over "
+        "prompts and groups); **lower** / **higher** where the difference's interval excludes 0:",
+        "",
+        "| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |",
+        "|---|" + "---:|" * len(Ns),
+    ]
+    for name in names:
+        cells = []
+        for N in Ns:
+            t = paired.get(f"N={N}/{name}-otb")
+            if t is None:
+                cells.append("")
+                continue
+            lo, hi = t["ratio_ci"]
+            mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+            cells.append(f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]:
+    """Rescaled variance of the part of g made of the tokens where 1, at most half, over half, or all of the N
+    members are active (token share in brackets), the covariance between parts, and the total."""
+    rows = {k.split("/", 1)[1]: v for k, v in decomposition.items() if k.startswith(f"N={N}/")}
+    if not rows:
+        return []
+    bins = [b for b in next(iter(rows.values())) if b not in ("total_var_scaled", "cross_var_scaled")]
+    out = [
+        f"{space}, horizon {h}, N={N}: rescaled variance of the gradient's part from tokens where k of the N "
+        "members are still active (share of tokens in brackets), the cross terms between parts, and the total:",
+        "",
+        "| estimator | " + " | ".join(bins) + " | cross | total |",
+        "|---|" + "---:|" * (len(bins) + 2),
+    ]
+    for est, v in rows.items():
+        cells = [f"{num(v[b]['var_scaled'])} ({100 * v[b]['token_share']:.0f}%)" for b in bins]
+        out.append(
+            f"| {est} | " + " | ".join(cells) + f" | {num(v['cross_var_scaled'])} | {num(v['total_var_scaled'])} |"
+        )
     return out
 
 
@@ -135,6 +219,12 @@ def main():
         ("overhead_smollm2_after_f73f862", overhead_table),
         ("variance", variance_table),
         ("variance_count", variance_table),
+        ("variance_math12_h64", variance_table),
+        ("variance_math12", variance_table),
+        ("variance_math12_h256", variance_table),
+        ("variance_count12_h256", variance_table),
+        ("variance_count12_h512", variance_table),
+        ("variance_count12", variance_table),
         ("sample_efficiency_embedded_math", efficiency_table),
     ]
     for stem, fn in sections:

@@ -1,8 +1,16 @@
 """Gradient variance of the advantage estimators, in the LM head's and in a LoRA adapter's parameter space.
 
     python benchmarks/variance.py            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
-    python benchmarks/variance.py --task count --pool 16 --horizons 256 512 1024   # long answers, LM head only
+    python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024   # long answers, LM head only
     python benchmarks/variance.py --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
+
+Prompts. Candidates are tried in a fixed order (math: the first 64 generated training prompts; count: one per
+``--count-targets``) until ``--prompts`` (default 12) of them have pool rewards that vary at each horizon. Each
+prompt's pool is sampled once, seeded by (``--seed``, prompt index), and cached in ``--cache`` (default
+``.cache/variance``) with its seed and settings, so a run can stop (``--time-limit`` minutes: no new pool after
+that) and the same command resumes it later; ``--sample-only`` only fills the cache. The LoRA space's Gram matrices
+are cached the same way. ``--study`` adds the estimator study (the tail rule off, two OTB variants, the variance
+split by share of active members).
 
 Method. For each prompt, a pool of M completions is sampled once (temperature 1) at the longest horizon and scored
 with the accuracy reward; a shorter horizon h uses the same completions cut to their first h tokens (exactly what
@@ -36,7 +44,11 @@ sampled at temperature 0.7 (at 1.0 the embedded model does not count); the answe
 number (n = 200: ~900 tokens), and the reward is the share of 1..n listed in order before the first mistake, halved
 if the list does not end at n: a long answer whose reward is decided by where its first error falls.
 
-Reported per space, horizon, N and estimator (mean over prompts, 95% bootstrap CIs over prompts and groups):
+Reported per space, horizon, N and estimator (mean over prompts; 95% percentile bootstrap intervals, two schemes:
+``*_ci`` resamples prompts, then groups within each resampled prompt; ``*_ci_groups`` keeps the prompts and
+resamples groups; the scale a is re-estimated in every resample). Per N, paired tests of OTB against GRPO and OGB:
+every estimator sees the same groups and the same resamples, and the interval of the per-resample difference of
+rescaled variances says whether they differ at 95%:
 - ``var``: E||g - E g||^2, the variance around the estimator's own mean;
 - ``mse``: E||g - g_ref||^2 against the pool reference g_ref = (1/M) sum_j (R_j - mean_k R_k) S_j, the policy
   gradient of the pool's empirical distribution (RLOO on groups drawn from it is unbiased for it);
@@ -171,6 +183,61 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
     return pools, prompt_ids
 
 
+def pool_seed(seed: int, prompt_index: int) -> int:
+    """The sampling seed of one prompt's pool: fixed by (seed, prompt index), whatever was sampled before it."""
+    return seed * 1_000_003 + prompt_index
+
+
+def load_or_sample_pool(
+    model, tokenizer, prompt, prompt_index, cache_dir, key, pool_size, horizon, batch_size, temperature, top_k, seed
+):
+    """One prompt's pool, from ``cache_dir`` if it was sampled before, else sampled (seeded by ``pool_seed``) and
+    saved there. Returns (data, cached): data holds ``records``, ``prompt_ids``, ``prompt``, ``seed``,
+    ``sample_seconds`` and the sampling settings."""
+    path = Path(cache_dir) / f"{key}-p{prompt_index:03d}.pt"
+    settings = {"pool": pool_size, "horizon": horizon, "temperature": temperature, "top_k": top_k}
+    if path.exists():
+        data = torch.load(path, weights_only=False)
+        if data["prompt"] != prompt or data["settings"] != settings:
+            raise ValueError(
+                f"{path} holds a pool for another prompt or other settings ({data['settings']}); use another --cache "
+                "folder or delete the file."
+            )
+        return data, True
+    seed_p = pool_seed(seed, prompt_index)
+    torch.manual_seed(seed_p)
+    start = time.perf_counter()
+    pools, prompt_ids = sample_pool(model, tokenizer, [prompt], pool_size, horizon, batch_size, temperature, top_k)
+    data = {
+        "records": pools[0],
+        "prompt_ids": prompt_ids[0],
+        "prompt": prompt,
+        "seed": seed_p,
+        "settings": settings,
+        "sample_seconds": time.perf_counter() - start,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    os.replace(tmp, path)  # a run stopped mid-write leaves no half file behind
+    return data, False
+
+
+def cached_lora_gram(adapter, data, cache_dir, key, prompt_index, horizon, sketch_dim, temperature):
+    """K = S S^T of one prompt's adapter gradients at ``horizon`` (fp64), from the cache or computed and cached."""
+    path = Path(cache_dir) / f"{key}-p{prompt_index:03d}-lora-h{horizon}-d{sketch_dim}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    ids = [c["ids"][:horizon] for c in data["records"]]
+    start = time.perf_counter()
+    S = torch.cat(adapter_token_gradients(adapter, data["prompt_ids"], ids, sketch_dim, temperature)).double()
+    out = {"K": S @ S.T, "seconds": time.perf_counter() - start}
+    tmp = path.with_suffix(".tmp")
+    torch.save(out, tmp)
+    os.replace(tmp, path)
+    return out
+
+
 def token_gram(completions, head_weight, temperature=1.0):
     """K [n, n] (fp64) over all tokens of one pool, the token order (completion, position), and the tail bound."""
     ids = torch.cat([c["ids"] for c in completions])
@@ -278,14 +345,74 @@ def adapter_token_gradients(model, prompt_ids, completions, sketch_dim=2**16, te
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def group_coefficients(estimator, groups, rewards, proxy, mask, offsets, n_tokens):
-    """C [G, n]: coefficient of each pool token in g = (1/N) sum_i sum_t A_t^(i) s_t^(i), for every group."""
-    name, options = ESTIMATORS[estimator]
+def _contiguous_groups(x, group_ids):
+    """x [B, ...] viewed as [G, N, ...]: the groups that group_coefficients builds are contiguous and equal-sized."""
+    N = int((group_ids == group_ids[0]).sum())
+    if not torch.equal(group_ids, torch.arange(len(group_ids)) // N):
+        raise ValueError("the study variants take contiguous, equal-sized groups (as group_coefficients builds them)")
+    return x.view(-1, N, *x.shape[1:])
+
+
+def otb_carry_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
+    """Study variant: OTB whose finished members keep their final energy in the baseline,
+    B_t = sum_i R_i W_t^(i) / (sum_i W_t^(i) + eps) with W_t^(i) = sum_{j <= min(t, L_i)} w_j^(i) (no m_t factor).
+    Where every member is active it is OTB; past a member's end its final energy stays in the sums, so the longest
+    member is never alone (no tail rule needed). Member i's baseline uses its own prefix and the other members' data,
+    self-included as in OTB."""
+    m = mask.double()
+    W = _contiguous_groups(torch.cumsum(proxy.double() * m, dim=1), group_ids)  # [G, N, T]; constant past the end
+    R = _contiguous_groups(rewards.double(), group_ids)[..., None]  # [G, N, 1]
+    B = (R * W).sum(1, keepdim=True) / (W.sum(1, keepdim=True) + eps)
+    return ((R - B) * _contiguous_groups(m, group_ids)).reshape(m.shape)
+
+
+def otb_tail_last_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
+    """Study variant: OTB (self-included) whose lone longest member keeps the last baseline computed while at least
+    two members were active, instead of 0 (tail="zero") or its own reward (tail="none"). A member alone from its
+    first token (a group of one valid member) gets 0, as in OTB."""
+    m = _contiguous_groups(mask.double(), group_ids)
+    W = torch.cumsum(_contiguous_groups(proxy.double(), group_ids) * m, dim=2) * m
+    R = _contiguous_groups(rewards.double(), group_ids)[..., None]
+    B = (R * W).sum(1) / (W.sum(1) + eps)  # [G, T]
+    multi = m.sum(1) >= 2
+    T = B.shape[1]
+    last = torch.where(multi, torch.arange(T), torch.full_like(multi, -1, dtype=torch.long)).cummax(1).values
+    B_last = torch.where(last >= 0, B.gather(1, last.clamp(min=0)), torch.zeros_like(B))
+    B = torch.where(multi, B, B_last)
+    return ((R - B[:, None, :]) * m).reshape(mask.shape)
+
+
+STUDY_ESTIMATORS = {
+    "otb_tail_none": ("otb", {"tail": "none"}),
+    "otb_carry": (otb_carry_advantages, {}),
+    "otb_tail_last": (otb_tail_last_advantages, {}),
+}
+"""Added by --study: the tail rule off, and two variants that the decomposition may point to."""
+STUDY_PAIRS = (("otb_tail_none", "otb"), ("otb_carry", "otb"), ("otb_tail_last", "otb"), ("otb_loo", "otb"))
+DECOMPOSED = ("grpo", "ogb", "otb", "otb_tail_none", "otb_loo", "otb_carry", "otb_tail_last")
+SHARE_BINS = ("alone", "half or less", "over half", "all")
+"""Token bins by the number k of group members still active at the token's position: k = 1, 1 < k <= N/2,
+N/2 < k < N, k = N."""
+
+
+def share_bin(k, N):
+    """Bin index (into SHARE_BINS) of tokens at positions where k of the N group members are active."""
+    return torch.where(k == 1, 0, torch.where(k == N, 3, torch.where(2 * k <= N, 1, 2)))
+
+
+def group_coefficients(
+    estimator, groups, rewards, proxy, mask, offsets, n_tokens, estimators=None, token_weight=None, adv=None
+):
+    """C [G, n]: coefficient of each pool token in g = (1/N) sum_i sum_t A_t^(i) s_t^(i), for every group.
+
+    ``token_weight`` [G * N, T] multiplies each token's coefficient (a 0/1 filter keeps part of the gradient);
+    ``adv`` reuses advantages already computed for these groups."""
     G, N = groups.shape
     flat = groups.flatten()
-    adv = compute_advantages(
-        name, rewards[flat], proxy[flat], mask[flat], torch.arange(G).repeat_interleave(N), **options
-    ).double()
+    if adv is None:
+        adv = group_advantages(estimator, groups, rewards, proxy, mask, estimators)
+    if token_weight is not None:
+        adv = adv * token_weight
     T = mask.shape[1]
     C = torch.zeros(G, n_tokens + 1, dtype=torch.float64)
     token = offsets[flat][:, None] + torch.arange(T)[None, :]
@@ -293,6 +420,17 @@ def group_coefficients(estimator, groups, rewards, proxy, mask, offsets, n_token
     rows = torch.arange(G).repeat_interleave(N)[:, None].expand(-1, T)
     C.index_put_((rows.reshape(-1), token.reshape(-1)), (adv / N).reshape(-1), accumulate=True)
     return C[:, :n_tokens]
+
+
+def group_advantages(estimator, groups, rewards, proxy, mask, estimators=None):
+    """[G * N, T] advantages of every group's members (fp64), rows in group order."""
+    name, options = (estimators or ESTIMATORS)[estimator]
+    G, N = groups.shape
+    flat = groups.flatten()
+    group_ids = torch.arange(G).repeat_interleave(N)
+    args = (rewards[flat], proxy[flat], mask[flat], group_ids)
+    adv = name(*args, **options) if callable(name) else compute_advantages(name, *args, **options)
+    return adv.double()
 
 
 def reference_coefficients(rewards, mask, offsets, n_tokens):
@@ -312,8 +450,14 @@ def draw_groups(M, N, count, generator):
     return torch.randint(M, (count, N), generator=generator)
 
 
-def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
-    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap."""
+def analyse_prompt(
+    K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,)
+):
+    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap.
+
+    For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
+    the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
+    estimators = estimators or ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
@@ -324,8 +468,24 @@ def analyse_prompt(K, rewards, proxy, mask, Ns, num_groups, generator):
     out = {}
     for N in Ns:
         groups = draw_groups(M, N, num_groups, generator)
-        for est in ESTIMATORS:
-            C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n)
+        flat_mask = mask[groups.flatten()]
+        # Members active at each position of each group, per member token: k [G * N, T].
+        active = flat_mask.view(num_groups, N, -1).sum(1)
+        bins = share_bin(active, N).repeat_interleave(N, dim=0)
+        for est in estimators:
+            adv = group_advantages(est, groups, rewards, proxy, mask, estimators)
+            C = group_coefficients(est, groups, rewards, proxy, mask, offsets, n, adv=adv)
+            if est in decompose and N in decompose_Ns:
+                parts = {}
+                for b, name in enumerate(SHARE_BINS):
+                    keep = (bins == b).double()
+                    Cb = group_coefficients(est, groups, rewards, proxy, mask, offsets, n, adv=adv, token_weight=keep)
+                    Db = Cb - Cb.mean(0)
+                    parts[name] = {
+                        "var": float(((Db @ K) * Db).sum(1).mean()),
+                        "token_share": float((keep * flat_mask).sum() / flat_mask.sum()),
+                    }
+                out[("bins", N, est)] = parts
             KC = C @ K  # [G, n]
             sq = (KC * C).sum(1)  # ||g||^2
             c_bar = C.mean(0)
@@ -369,49 +529,121 @@ def horizon_token_index(completions, horizon):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def summarise(per_prompt, Ns, boot, generator):
-    """Means over prompts with two-level bootstrap CIs (prompts, then groups within each prompt)."""
+PAIRS = (("otb", "grpo"), ("otb", "ogb"))
+"""The paired comparisons reported per cell: (a, b) gives the rescaled variance of a minus that of b."""
+
+
+def _cell_arrays(per_prompt, key):
+    """Per prompt, stacked: A [P, G] = ||g||^2 - 2 <g, g_bar>, Mse [P, G] = ||g||^2 - 2 <g, g_ref>, and the
+    per-prompt constants ||g_bar||^2, <g_bar, g_ref>, ||g_ref||^2 [P]: var_p = mean_g A + ||g_bar||^2."""
+    cells = [pp[key] for pp in per_prompt]
+    sizes = {len(c["sq"]) for c in cells}
+    if len(sizes) != 1:
+        raise ValueError(f"every prompt needs the same number of groups per N, got {sorted(sizes)}")
+    A = torch.stack([c["sq"] - 2 * c["dot_bar"] for c in cells]).double()
+    Mse = torch.stack([c["sq"] - 2 * c["dot_ref"] for c in cells]).double()
+    const = {k: torch.tensor([c[k] for c in cells], dtype=torch.float64) for k in ("bar_sq", "bar_ref", "ref_sq")}
+    return A, Mse, const
+
+
+def _resampled(A, Mse, const, ip, ig):
+    """var, mse, scale and rescaled variance for every resample: prompts ip [B, P], groups ig [B, P, G]."""
+    var = (A[ip[..., None], ig].mean(-1) + const["bar_sq"][ip]).mean(-1)
+    mse = (Mse[ip[..., None], ig].mean(-1) + const["ref_sq"][ip]).mean(-1)
+    scale = const["bar_ref"][ip].sum(-1) / const["bar_sq"][ip].sum(-1)
+    return {"var": var, "mse": mse, "scale": scale, "var_scaled": scale**2 * var}
+
+
+def _ci(x):
+    return torch.quantile(x, torch.tensor([0.025, 0.975], dtype=x.dtype)).tolist()
+
+
+def bootstrap_indices(P, G, boot, generator, over_prompts=True):
+    """Resampling indices: prompts [boot, P] (with replacement, or every prompt once) and groups within each
+    resampled prompt [boot, P, G] (with replacement)."""
+    if over_prompts:
+        ip = torch.randint(P, (boot, P), generator=generator)
+    else:
+        ip = torch.arange(P).expand(boot, P)
+    return ip, torch.randint(G, (boot, P, G), generator=generator)
+
+
+def paired_test(a, b):
+    """Rescaled variance of estimator a minus b, resample by resample (the same prompts and groups for both):
+    the difference, its 95% percentile interval, the ratio a / b with its interval, and whether the difference's
+    interval excludes 0."""
+    d = a - b
+    lo, hi = _ci(d[1:])
+    ratio = a / b
+    return {
+        "diff": float(d[0]),
+        "diff_ci": [lo, hi],
+        "ratio": float(ratio[0]),
+        "ratio_ci": _ci(ratio[1:]),
+        "significant": bool(lo > 0 or hi < 0),
+        "p_boot": float(min(1.0, 2 * min((d[1:] <= 0).double().mean(), (d[1:] >= 0).double().mean()))),
+    }
+
+
+def summarise(per_prompt, Ns, boot, generator, estimators=None, pairs=PAIRS):
+    """Means over prompts with 95% bootstrap intervals, and paired tests between estimators.
+
+    Two resampling schemes, each of ``boot`` resamples: ``ci`` resamples prompts, then groups within each resampled
+    prompt (two levels: the prompts are a sample too); ``ci_groups`` keeps the prompts and resamples only the groups
+    (the interval of these prompts' mean). The scale a is re-estimated in every resample. Within one N every
+    estimator sees the same groups (drawn once per prompt and N) and the same resampling indices, so a paired test
+    is the distribution of the per-resample difference. Returns (table, paired)."""
+    estimators = list(estimators or ESTIMATORS)
     P = len(per_prompt)
-    table = {}
+    table, paired = {}, {}
     for N in Ns:
-        for est in ESTIMATORS:
-            cells = [pp[(N, est)] for pp in per_prompt]
-            num = sum(c["bar_ref"] for c in cells)
-            den = sum(c["bar_sq"] for c in cells)
-            scale = num / den if den > 0 else float("nan")
+        G = len(per_prompt[0][(N, estimators[0])]["sq"])
+        schemes = {
+            "": bootstrap_indices(P, G, boot, generator, over_prompts=True),
+            "_groups": bootstrap_indices(P, G, boot, generator, over_prompts=False),
+        }
+        draws = {}
+        for est in estimators:
+            A, Mse, const = _cell_arrays(per_prompt, (N, est))
+            full_ip, full_ig = torch.arange(P)[None, :], torch.arange(G).expand(1, P, G)
+            full = _resampled(A, Mse, const, full_ip, full_ig)
+            row = {"N": N, "estimator": est, "prompts": P, "groups_per_prompt": G}
+            for name in ("var", "mse", "scale", "var_scaled"):
+                row[name] = float(full[name][0])
+            for suffix, (ip, ig) in schemes.items():
+                res = _resampled(A, Mse, const, ip, ig)
+                draws[(est, suffix)] = torch.cat([full["var_scaled"], res["var_scaled"]])
+                for name in ("var", "mse", "var_scaled"):
+                    row[f"{name}_ci{suffix}"] = _ci(res[name])
+            row["ref_sq_norm"] = float(const["ref_sq"].mean())
+            table[f"N={N}/{est}"] = row
+        for a, b in pairs:
+            if a in estimators and b in estimators:
+                test = paired_test(draws[(a, "")], draws[(b, "")])
+                test["groups_only"] = paired_test(draws[(a, "_groups")], draws[(b, "_groups")])
+                paired[f"N={N}/{a}-{b}"] = {"N": N, "a": a, "b": b, **test}
+    return table, paired
 
-            def stats(idx_prompts, idx_groups, cells=cells):
-                var = mse = 0.0
-                for p, g in zip(idx_prompts, idx_groups):
-                    c = cells[p]
-                    sq, db, dr = c["sq"][g], c["dot_bar"][g], c["dot_ref"][g]
-                    var += float((sq - 2 * db).mean()) + c["bar_sq"]
-                    mse += float((sq - 2 * dr).mean()) + c["ref_sq"]
-                k = len(idx_prompts)
-                return var / k, mse / k
 
-            full = stats(range(P), [torch.arange(len(c["sq"])) for c in cells])
-            samples = []
-            for _ in range(boot):
-                ps = torch.randint(P, (P,), generator=generator).tolist()
-                gs = [torch.randint(len(cells[p]["sq"]), (len(cells[p]["sq"]),), generator=generator) for p in ps]
-                samples.append(stats(ps, gs))
-            v = torch.tensor(samples)
-            lo, hi = torch.quantile(v, 0.025, dim=0).tolist(), torch.quantile(v, 0.975, dim=0).tolist()
-            ref_norm = sum(c["ref_sq"] for c in cells) / P
-            table[f"N={N}/{est}"] = {
-                "N": N,
-                "estimator": est,
-                "var": full[0],
-                "var_ci": [lo[0], hi[0]],
-                "mse": full[1],
-                "mse_ci": [lo[1], hi[1]],
-                "scale": scale,
-                "var_scaled": scale**2 * full[0],
-                "var_scaled_ci": [scale**2 * lo[0], scale**2 * hi[0]],
-                "ref_sq_norm": ref_norm,
-            }
-    return table
+def decomposition_summary(per_prompt, table, Ns, decompose):
+    """Per N and estimator, mean over prompts of each SHARE_BINS bin's variance, raw and rescaled by the estimator's
+    a^2 (from ``table``), with the bin's mean share of tokens; ``cross`` is the total minus the bins' sum (the
+    covariance between bins)."""
+    out = {}
+    for N in Ns:
+        for est in decompose:
+            rows = [pp[("bins", N, est)] for pp in per_prompt]
+            scale2 = table[f"N={N}/{est}"]["scale"] ** 2
+            entry = {}
+            for name in SHARE_BINS:
+                var = sum(r[name]["var"] for r in rows) / len(rows)
+                share = sum(r[name]["token_share"] for r in rows) / len(rows)
+                entry[name] = {"var": var, "var_scaled": scale2 * var, "token_share": share}
+            total = table[f"N={N}/{est}"]["var_scaled"]
+            entry["total_var_scaled"] = total
+            entry["cross_var_scaled"] = total - sum(entry[name]["var_scaled"] for name in SHARE_BINS)
+            out[f"N={N}/{est}"] = entry
+    return out
 
 
 def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scaled"):
@@ -454,7 +686,10 @@ def count_reward(text: str, n: int) -> float:
 
 
 def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_targets=(120, 160, 200)):
-    """(model, tokenizer, prompts, reward_fn(completion_ids, texts, prompt_index) -> list[float])."""
+    """(model, tokenizer, candidate prompts, reward_fn(completion_ids, texts, prompt_index) -> list[float]).
+
+    ``num_prompts`` is the length of the candidate list (math, quick); a fixed list, so that prompt i is the same
+    prompt in every invocation."""
     if quick:
         sys.path.insert(0, str(HERE.parent / "tests"))
         from conftest import build_tiny_model, build_tiny_tokenizer
@@ -561,13 +796,34 @@ def main():
         choices=list(SPACE_LABELS),
         help="parameter spaces (default: both for math, lm_head for count)",
     )
-    parser.add_argument("--prompts", type=int, default=None, help="candidate prompts (default 3, quick 3)")
-    parser.add_argument("--count-targets", type=int, nargs="+", default=[120, 160, 200], help="n of the count task")
+    parser.add_argument(
+        "--prompts", type=int, default=None, help="prompts kept per horizon (rewards vary in the pool; default 12)"
+    )
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        help="math: size of the fixed candidate list, tried in order until --prompts are kept (default 64)",
+    )
+    parser.add_argument(
+        "--count-targets",
+        type=int,
+        nargs="+",
+        default=list(range(100, 240, 10)),
+        help="n of the count task, one candidate prompt each, tried in order (default 100, 110, ..., 230)",
+    )
     parser.add_argument("--pool", type=int, default=None, help="completions per prompt (default 16, quick 12)")
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="default 64 256 (quick 8 24)")
+    parser.add_argument(
+        "--sample-horizon",
+        type=int,
+        default=None,
+        help="horizon the pools are sampled at (default the largest of --horizons; a pool serves every horizon up to "
+        "its own, cut to the first h tokens)",
+    )
     parser.add_argument("--Ns", type=int, nargs="+", default=None, help="group sizes (default 2 4 8 16)")
     parser.add_argument("--groups", type=int, default=None, help="random groups per prompt and N (default 100)")
-    parser.add_argument("--bootstrap", type=int, default=200)
+    parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (math 1.0, count 0.7)")
     parser.add_argument("--batch-size", type=int, default=32, help="completions per generate call")
     parser.add_argument("--top-k", type=int, default=64, help="per-token top-k kept in the vocabulary subset")
@@ -581,13 +837,36 @@ def main():
         default=None,
         help="horizons analysed in the LoRA space (default: the shortest; the cost is quadratic in it)",
     )
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="folder of the sampled pools and adapter Gram matrices (default .cache/variance; quick: OUT/pools_quick)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes after which no new pool (or adapter Gram matrix) is computed; the run then analyses what is "
+        "cached and says what is missing, and the same command later resumes",
+    )
+    parser.add_argument("--sample-only", action="store_true", help="sample and cache the pools, analyse nothing")
+    parser.add_argument(
+        "--study",
+        action="store_true",
+        help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
+        "members (the estimator study of docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--decompose-Ns", type=int, nargs="+", default=[4], help="group sizes of the --study split (default 4)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--stem", default=None, help="output file name (default variance, variance_count, ..._quick)")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
     args = parser.parse_args()
     q = args.quick
-    stem = "variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}")
+    stem = args.stem or ("variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}"))
     if args.replot:
         path = Path(args.out) / stem
         data = json.loads(path.with_suffix(".json").read_text())
@@ -596,87 +875,158 @@ def main():
         return
     torch.set_num_threads(args.threads)
     spaces = args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"])
-    lora_horizons = sorted(args.lora_horizons or [min(args.horizons or ([8, 24] if args.quick else [64, 256]))])
+    horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
+    lora_horizons = sorted(args.lora_horizons or [min(horizons)])
+    sample_horizon = args.sample_horizon or max(horizons)
+    if sample_horizon < max(horizons):
+        raise SystemExit(f"--sample-horizon {sample_horizon} is below the largest horizon {max(horizons)}")
     temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
     sketch_dim = args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16)
-    num_prompts = len(args.count_targets) if args.task == "count" and not q else (args.prompts or 3)
+    target = args.prompts or (3 if q else 12)
+    candidates = len(args.count_targets) if args.task == "count" and not q else (args.candidates or (6 if q else 64))
     pool_size = args.pool or (12 if q else 16)
-    horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
     num_groups = args.groups or (64 if q else 100)
-    torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
+    cache = Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance"))
+    # Prompt i of a task is the same prompt in every invocation (a cached pool is checked against it on load), so
+    # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
+    task_tag = "quick" if q else args.task
+    key = f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}"
+    deadline = time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf")
 
     start = time.perf_counter()
-    model, tokenizer, prompts, reward_fn = setup(q, num_prompts, args.seed, args.task, args.count_targets)
+    model, tokenizer, prompts, reward_fn = setup(q, candidates, args.seed, args.task, args.count_targets)
     model.eval()
     head_weight = model.get_output_embeddings().weight.detach()
-    pools, prompt_ids = sample_pool(
-        model, tokenizer, prompts, pool_size, max(horizons), args.batch_size, temperature, args.top_k
-    )
+
+    # Candidates in a fixed order, until every horizon has `target` prompts whose pool rewards vary there.
+    pools, kept, rewards_at, missing = {}, {h: [] for h in horizons}, {}, None
+    for p, prompt in enumerate(prompts):
+        if all(len(kept[h]) >= target for h in horizons):
+            break
+        path = cache / f"{key}-p{p:03d}.pt"
+        if not path.exists() and time.perf_counter() > deadline:
+            missing = f"time limit reached before candidate {p} was sampled"
+            break
+        data, was_cached = load_or_sample_pool(
+            model, tokenizer, prompt, p, cache, key, pool_size, sample_horizon, args.batch_size, temperature,
+            args.top_k, args.seed,
+        )  # fmt: skip
+        pools[p] = data
+        for h in horizons:
+            ids = [c["ids"][:h] for c in data["records"]]
+            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+            rewards_at[(p, h)] = reward_fn([x.tolist() for x in ids], texts, p)
+            if len(kept[h]) < target and len(set(rewards_at[(p, h)])) > 1:
+                kept[h].append(p)
+        how = "cached" if was_cached else f"sampled in {data['sample_seconds']:.0f} s"
+        print(
+            f"candidate {p}: {how}, kept at "
+            f"{[h for h in horizons if p in kept[h]]}; kept so far {[len(kept[h]) for h in horizons]}",
+            flush=True,
+        )
+    short = {h: len(kept[h]) for h in horizons if len(kept[h]) < target}
+    if short and missing is None:
+        missing = f"the {len(prompts)} candidates gave fewer than {target} prompts with varying rewards"
+    if short:
+        print(f"WARNING: {missing}: prompts kept per horizon {short} (target {target})", flush=True)
     sampled_s = time.perf_counter() - start
-    adapter_rows, adapter_s = None, 0.0
+    if args.sample_only:
+        print(f"pools cached in {cache} ({sampled_s:.0f} s)")
+        return
+
+    estimators = {**ESTIMATORS, **(STUDY_ESTIMATORS if args.study else {})}
+    pairs = PAIRS + (STUDY_PAIRS if args.study else ())
+    decompose = DECOMPOSED if args.study else ()
+    adapter, lora_s = None, {}
     if "lora" in spaces:
-        t0 = time.perf_counter()
         adapter = attach_adapter(model)
         adapter.eval()
-        adapter_rows = []
-        for p, comps in enumerate(pools):
-            ids = [c["ids"][: max(lora_horizons)] for c in comps]
-            rows = adapter_token_gradients(adapter, prompt_ids[p], ids, sketch_dim, temperature)
-            adapter_rows.append(torch.cat(rows))
-            print(f"  adapter gradients of pool {p + 1}/{len(pools)}: {adapter_rows[-1].shape[0]} tokens", flush=True)
-        adapter_s = time.perf_counter() - t0
     results = {space: {} for space in spaces}
+    analysis_s = {space: {} for space in spaces}
+    generator = torch.Generator()
     for h in horizons:
         per_prompt = {space: [] for space in spaces}
-        kept, bounds, subset_sizes, mean_len = [], [], [], []
-        for p, comps in enumerate(pools):
-            ids = [c["ids"][:h] for c in comps]
-            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            rewards = reward_fn([x.tolist() for x in ids], texts, p)
-            if len(set(rewards)) < 2:
-                continue
+        bounds, subset_sizes, mean_len, kept_rows, lora_missing = [], [], [], [], []
+        t_head = t_lora = 0.0
+        for p in kept[h]:
+            comps, rewards = pools[p]["records"], rewards_at[(p, h)]
             R, proxy, mask = prompt_tensors(comps, rewards, h)
             grams = {}
+            t0 = time.perf_counter()
             if "lm_head" in spaces:
                 cut = [{k: v[:h] for k, v in c.items()} for c in comps]
                 grams["lm_head"], bound, subset = token_gram(cut, head_weight, temperature)
                 bounds.append(bound)
                 subset_sizes.append(subset)
+            t1 = time.perf_counter()
             if "lora" in spaces and h in lora_horizons:
-                cut_lengths = [{"ids": c["ids"][: max(lora_horizons)]} for c in comps]
-                S = adapter_rows[p][horizon_token_index(cut_lengths, h)].double()
-                grams["lora"] = S @ S.T
-            # The same random groups in every space: one generator state per prompt, replayed.
-            state = generator.get_state()
+                gram_path = cache / f"{key}-p{p:03d}-lora-h{h}-d{sketch_dim}.pt"
+                if gram_path.exists() or time.perf_counter() < deadline:
+                    lora = cached_lora_gram(adapter, pools[p], cache, key, p, h, sketch_dim, temperature)
+                    grams["lora"] = lora["K"]
+                    lora_s[p] = lora["seconds"]
+                else:
+                    lora_missing.append(p)
+            t2 = time.perf_counter()
             for space, K in grams.items():
-                generator.set_state(state)
-                per_prompt[space].append(analyse_prompt(K, R, proxy, mask, Ns, num_groups, generator))
-            kept.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards)})
+                # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
+                generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
+                per_prompt[space].append(
+                    analyse_prompt(
+                        K, R, proxy, mask, Ns, num_groups, generator, estimators, decompose, args.decompose_Ns
+                    )
+                )
+            t3 = time.perf_counter()
+            t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
+            t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
+            kept_rows.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards), "seed": pools[p]["seed"]})
             mean_len.append(float(mask.sum(1).float().mean()))
         for space in spaces:
             if space == "lora" and h not in lora_horizons:
                 continue
-            table = summarise(per_prompt[space], Ns, args.bootstrap, generator) if per_prompt[space] else {}
+            rows = per_prompt[space]
+            generator.manual_seed(args.seed * 31 + h)
+            table, paired = (
+                summarise(rows, Ns, args.bootstrap, generator, list(estimators), pairs) if rows else ({}, {})
+            )
+            decomposition = (
+                decomposition_summary(rows, table, [n for n in Ns if n in args.decompose_Ns], decompose)
+                if rows and decompose
+                else None
+            )
             answer = matching_n(table, Ns) if table and 4 in Ns else None
+            analysis_s[space][str(h)] = t_head if space == "lm_head" else t_lora
+            used = [r for r in kept_rows if space != "lora" or r["prompt"] not in lora_missing]
             results[space][str(h)] = {
                 "horizon": h,
-                "prompts_kept": kept,
+                "prompts_kept": used,
+                "prompts_target": target,
                 "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
                 "tail_bound_max": max(bounds, default=0.0) if space == "lm_head" else 0.0,
                 "vocab_subset_sizes": subset_sizes if space == "lm_head" else [],
                 "grpo_N_matching_otb_N4": answer,
                 "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
                 "table": table,
+                "paired": paired,
+                "decomposition": decomposition,
+                "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
+                if space == "lora"
+                else None,
             }
             print(
-                f"{space}, horizon {h}: {len(kept)} prompts kept, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
+                f"{space}, horizon {h}: {len(rows)} prompts, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
             )
-            for key, row in table.items():
+            for k, row in table.items():
                 print(
-                    f"  {key:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
+                    f"  {k:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
                     f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+                )
+            for k, t in paired.items():
+                print(
+                    f"  {k:16s} diff {t['diff']:.4g} [{t['diff_ci'][0]:.4g}, {t['diff_ci'][1]:.4g}] ratio "
+                    f"{t['ratio']:.3f} [{t['ratio_ci'][0]:.3f}, {t['ratio_ci'][1]:.3f}]"
+                    f"{'  significant' if t['significant'] else ''}"
                 )
             print(f"  GRPO N matching OTB at N=4 (rescaled variance): {answer}")
     out = Path(args.out)
@@ -685,13 +1035,21 @@ def main():
         "command": " ".join(["python benchmarks/variance.py", *sys.argv[1:]]),
         "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
         "task": "synthetic" if q else args.task,
+        "count_targets": args.count_targets if args.task == "count" and not q else None,
         "spaces": spaces,
         "temperature": temperature,
-        "prompts_sampled": num_prompts,
+        "prompts_target": target,
+        "candidates": candidates,
+        "candidates_tried": len(pools),
         "pool": pool_size,
+        "sample_horizon": sample_horizon,
+        "seed": args.seed,
+        "cache_key": key,
         "Ns": Ns,
         "groups_per_prompt": num_groups,
         "bootstrap": args.bootstrap,
+        "intervals": "95% percentile bootstrap; `*_ci`: prompts resampled, then groups within each (two levels); "
+        "`*_ci_groups`: prompts fixed, groups resampled; the scale a is re-estimated in every resample",
         "top_k": args.top_k,
         "lora": {
             "r": 16,
@@ -702,8 +1060,14 @@ def main():
         }
         if "lora" in spaces
         else None,
-        "sampling_seconds": sampled_s,
-        "adapter_gradient_seconds": adapter_s,
+        "missing": missing if short else None,
+        "cost": {
+            "sample_seconds_per_pool": {str(p): d["sample_seconds"] for p, d in pools.items()},
+            "adapter_gram_seconds_per_prompt": {str(p): t for p, t in lora_s.items()},
+            "analysis_seconds": analysis_s,
+            "note": "sampling and adapter-gradient seconds were measured when each was computed (possibly by an "
+            "earlier invocation); analysis seconds are this invocation's",
+        },
         "total_seconds": time.perf_counter() - start,
     }
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
