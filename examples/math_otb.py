@@ -21,13 +21,13 @@ import json
 import math
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import StoppingCriteria
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl.models.utils import unwrap_model_for_generation
 
 from trl_otb import OTBConfig, OTBTrainer
 from trl_otb.card import CardResults, base_model_hub_id
@@ -164,18 +164,6 @@ class _ProgressTick(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         self.bar.update(1)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-
-def full_weights(model):
-    """Under DeepSpeed ZeRO-3 the weights are partitioned before training already: gather them to generate (TRL
-    gathers them for its own generation the same way)."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
-    if not is_deepspeed_zero3_enabled():
-        return nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
 @torch.no_grad()
@@ -327,23 +315,17 @@ def main(script_args, math_args, training_args, model_args) -> dict:
         f"Model: {model_name} | data: {dataset_name} ({len(train_dataset)} train, {len(eval_dataset)} held out)"
     )
 
-    with full_weights(trainer.model):
+    # TRL's own unwrap for generation: under DeepSpeed ZeRO-3 the weights are partitioned from loading on, and it
+    # gathers them (before training too, when model_wrapped is still the model itself).
+    with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
         before = evaluate(
-            trainer.model,
-            tokenizer,
-            eval_dataset,
-            math_args.eval_batch_size,
-            max_new_tokens,
-            accelerator,
-            "pass@1 before",
+            unwrapped, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator, "pass@1 before"
         )
     print_main(
         f"Held-out pass@1 before training: {before['accuracy']} ({before['samples']} prompts, {before['seconds']:.0f} s)"
     )
 
     train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-
-    from trl.models.utils import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
         after = evaluate(
