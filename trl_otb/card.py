@@ -60,7 +60,6 @@ def _fmt(value) -> str:
 
 # Licenses of base models whose card cannot be read offline (the embedded default).
 _KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
-_CONVERSION_MARKER = "trl_otb_conversion.json"  # written by trl_otb.models into the embedded model's directory
 
 
 def base_model_hub_id(name_or_path: str | os.PathLike | None) -> str | None:
@@ -84,7 +83,9 @@ def base_model_hub_id(name_or_path: str | os.PathLike | None) -> str | None:
 
 def is_embedded_checkpoint(path: str | os.PathLike | None) -> bool:
     """Whether ``path`` is the embedded model's converted directory (dequantized from its Q4_1 GGUF)."""
-    return path is not None and (Path(path).expanduser() / _CONVERSION_MARKER).is_file()
+    from .models import _is_complete  # the marker written last into the embedded model's converted directory
+
+    return path is not None and _is_complete(Path(path).expanduser())
 
 
 def base_model_license(hub_id: str | None) -> str | None:

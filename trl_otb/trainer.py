@@ -129,9 +129,8 @@ class OTBTrainer(GRPOTrainer):
             )
             self.model.register_forward_hook(self._otb_capture_hook)
 
-    __init__.__signature__ = inspect.signature(
-        GRPOTrainer.__init__
-    )  # every GRPOTrainer argument, as GRPOTrainer has it
+    # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
+    __init__.__signature__ = inspect.signature(GRPOTrainer.__init__)
 
     @property
     def _otb_needs_sum_pi_sq(self) -> bool:
@@ -373,5 +372,5 @@ class OTBTrainer(GRPOTrainer):
         arguments here.
         """
         if self.is_world_process_zero():
-            card_ = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **card)
-            card_.save(Path(self.args.output_dir) / "README.md")
+            readme = Path(self.args.output_dir) / "README.md"
+            trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **card).save(readme)
