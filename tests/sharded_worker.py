@@ -20,6 +20,7 @@ MODE:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -82,13 +83,18 @@ class RecordingTrainer(OTBTrainer):
         self._record = {"prompt_id_lists": [list(p) for p in prompt_ids], "completion_id_lists": completion_ids}
         return completion_ids, logprobs
 
+    def _otb_gather(self, batch, proxy, rewards):
+        groups = super()._otb_gather(batch, proxy, rewards)
+        self._rewards = groups.rewards[groups.rows].cpu()
+        return groups
+
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         record = self._record
         keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
         record.update({k: batch[k].detach().cpu() for k in keys})
         record["prompts"] = [str(x["prompt"]) for x in inputs]
-        record["rewards"] = self._otb_rewards()[self._otb_rows(batch)].cpu()
+        record["rewards"] = self._rewards
         record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
         self.records.append(record)
         return batch
@@ -123,16 +129,13 @@ def engagement(trainer) -> dict:
 class NoGatherTrainer(RecordingTrainer):
     """OTB with the cross-process gather disabled: each rank forms groups from its own rows (a broken OTB)."""
 
-    def _otb_gather(self, x, pad_value=0):
+    def _otb_gather_padded(self, x, pad_value=0):
         return x
 
-    def _otb_rows(self, batch):
-        return slice(0, batch["completion_ids"].size(0))
-
-    def _otb_rewards(self):
-        rewards = super()._otb_rewards()
-        n = rewards.numel() // self.accelerator.num_processes
-        return rewards[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
+    def _otb_gather(self, batch, proxy, rewards):
+        n = batch["completion_ids"].size(0)
+        local = rewards[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
+        return dataclasses.replace(super()._otb_gather(batch, proxy, local), rows=slice(0, n))
 
 
 def train(engine: str, mode: str, model_dir: str, out_dir: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_otb import OTBConfig, OTBTrainer, compat
@@ -33,11 +34,14 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
         ({"scale_rewards": True}, "scale_rewards='none'"),
         ({"multi_objective_aggregation": "normalize_then_sum"}, "sum_then_normalize"),
         ({"loss_type": "vespo"}, "token-level"),
+        ({"loss_type": "a_future_loss"}, "token by token"),
         ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
-        (
-            {"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": True}},
-            "fused_linear_cross_entropy",
-        ),
+        # An option the chosen estimator does not take is refused, not silently dropped.
+        ({"advantage_estimator": "rloo", "otb_leave_one_out": True}, "otb_leave_one_out=True has no effect"),
+        ({"advantage_estimator": "ogb", "otb_tail": "none"}, "otb_tail='none' has no effect"),
+        ({"advantage_estimator": "opo", "otb_align": "valid"}, "otb_align='valid' has no effect"),
+        ({"advantage_estimator": "grpo", "otb_epsilon": 1e-6}, "otb_epsilon=1e-06 has no effect"),
+        ({"advantage_estimator": "rloo", "otb_proxy": "uniform"}, "otb_proxy='uniform' has no effect"),
     ],
 )
 def test_invalid_combinations_fail_at_construction_saying_what_to_change(overrides, needle):
@@ -49,6 +53,25 @@ def test_invalid_combinations_fail_at_construction_saying_what_to_change(overrid
 def test_sequence_level_estimators_accept_what_otb_refuses():
     OTBConfig(**CPU, advantage_estimator="grpo", scale_rewards="group", loss_type="vespo")
     OTBConfig(**CPU, advantage_estimator="ogb", off_policy_mask_threshold=0.5)
+    # ...and the options they do take.
+    OTBConfig(**CPU, advantage_estimator="ogb", otb_epsilon=1e-6, otb_proxy="uniform")
+
+
+def test_scale_rewards_is_read_as_trl_normalised_it():
+    # TRL turns scale_rewards=False into "none" in its own __post_init__; OTBConfig validates after it.
+    assert OTBConfig(**CPU, scale_rewards=False).scale_rewards == "none"
+
+
+def test_liger_fused_cross_entropy_is_refused_by_the_trainer(tiny_model_dir):
+    # TRL's GRPOTrainer refuses it (it would drop the fused head and its sum pi^2); compat.REQUIRED checks that line.
+    args = OTBConfig(**CPU, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True})
+    with pytest.raises(ValueError, match="fused_linear_cross_entropy"):
+        OTBTrainer(
+            tiny_model_dir,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "1 + 1 ="}] * 4),
+        )
 
 
 def test_trainer_rejects_a_plain_grpo_config(tiny_model_dir):
@@ -88,6 +111,50 @@ def test_guard_fails_loudly_when_an_overridden_trl_method_changes(monkeypatch):
     monkeypatch.setattr(compat.inspect, "getsource", altered)
     with pytest.raises(TRLCompatibilityError, match="_compute_loss"):
         check_trl_compatibility()
+
+
+MIRRORED = [
+    (name, fragment)
+    for name, (_, fragments) in compat.REQUIRED.items()
+    for fragment in fragments
+    if name in ("_generate_and_score_completions", "_compute_loss", "__init__")
+]
+
+
+@pytest.mark.parametrize("name,fragment", MIRRORED, ids=[f"{n}:{f[:40]}" for n, f in MIRRORED])
+def test_guard_fails_when_a_fragment_we_rely_on_or_mirror_changes(monkeypatch, name, fragment):
+    original = inspect.getsource
+    target = getattr(GRPOTrainer, name)
+    monkeypatch.setattr(
+        compat.inspect,
+        "getsource",
+        lambda obj: original(obj).replace(fragment, "changed = True") if obj is target else original(obj),
+    )
+    with pytest.raises(TRLCompatibilityError, match=name):
+        check_trl_compatibility()
+
+
+def test_guard_fails_when_the_rollout_pass_no_longer_comes_first(monkeypatch):
+    (name, first, then), *_ = compat.REQUIRED_ORDER
+    original = inspect.getsource
+    target = getattr(GRPOTrainer, name)
+
+    def swapped(obj):
+        source = original(obj)
+        if obj is not target:
+            return source
+        return source.replace(first, "<FIRST>").replace(then, first).replace("<FIRST>", then)
+
+    monkeypatch.setattr(compat.inspect, "getsource", swapped)
+    with pytest.raises(TRLCompatibilityError, match="before"):
+        check_trl_compatibility()
+
+
+def test_forward_keys_are_trl_log_prob_parameters():
+    from trl_otb.trainer import _FORWARD_KEYS
+
+    assert {"pixel_values", "image_grid_thw", "num_images", "token_type_ids"} <= set(_FORWARD_KEYS)
+    assert not {"input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"} & set(_FORWARD_KEYS)
 
 
 def test_guard_fails_when_a_relied_on_method_disappears(monkeypatch):

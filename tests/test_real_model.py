@@ -42,7 +42,9 @@ def test_otb_step_on_smollm2_matches_contract_and_trains(smollm2_dir, tmp_path):
     probs = torch.softmax(logits / args.temperature, -1)
     one_hot = torch.nn.functional.one_hot(batch["completion_ids"], probs.size(-1)).double()
     proxy = ((one_hot - probs) ** 2).sum(-1).float()
-    rewards = trainer._otb_rewards_per_func.nansum(1)
+    # The rewards TRL computed for this batch: the last 4 entries of each function's column in its completions log.
+    per_func = [list(trainer._logs["rewards"][name])[-4:] for name in trainer.reward_func_names]
+    rewards = torch.tensor(per_func, dtype=torch.float32).nansum(0)
     expected = otb_advantages(rewards, proxy, batch["completion_mask"], torch.zeros(4, dtype=torch.long))
     assert torch.allclose(batch["advantages"], expected, atol=1e-4)
 

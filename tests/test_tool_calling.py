@@ -147,7 +147,8 @@ def test_otb_align_position_overrides_the_automatic_choice(tool_batch):
     # The same batch through the trainer's advantage step, with the option set.
     trainer.args.otb_align = "position"
     try:
-        advantages, _ = trainer._otb_advantages(batch, trainer._otb_local_proxy(batch))
+        groups = trainer._otb_gather(batch, proxy, rewards)
+        advantages = trainer._otb_estimate(groups)[groups.rows, : groups.width]
     finally:
         trainer.args.otb_align = None
     assert torch.allclose(advantages, expected, atol=1e-5)

@@ -86,8 +86,9 @@ def test_sum_pi_sq_from_fused_head_equals_full_softmax(tiny_model_dir, tmp_path,
         train_dataset=prompts_dataset(),
     )
     batch = trainer._generate_and_score_completions(generation_inputs())
-    trainer._otb_sink = []
-    logps, log_sum_sq = trainer._otb_rollout_stats(batch)
+    with trainer._otb_capturing() as capture:  # one more no-grad pass through TRL's fused head, recorded
+        rollout = trainer._otb_extra_pass(batch, capture)
+    logps, log_sum_sq = rollout.logps, rollout.log_sum_sq_probs
     p_ref, sum_sq_ref, _ = independent_rollout_stats(trainer.model, batch, temperature)
     mask = batch["completion_mask"].bool()
     assert torch.allclose(torch.exp(log_sum_sq.double())[mask], sum_sq_ref[mask], atol=1e-5, rtol=0)

@@ -14,7 +14,9 @@ import os
 SUPPORTED_TRL = "1.16"
 SKIP_ENV = "TRL_OTB_SKIP_TRL_CHECK"
 
-# method -> (parameters it must take, source fragments whose presence our override depends on)
+# method -> (parameters it must take, source fragments whose presence our code depends on). Two kinds of fragment:
+# the calls and keys OTBTrainer's overrides hook into, and the TRL lines that trl_otb re-derives because TRL keeps
+# their value local (each names the trl_otb function that mirrors it).
 REQUIRED = {
     "_generate_and_score_completions": (
         ("self", "inputs"),
@@ -29,7 +31,18 @@ REQUIRED = {
             '"completion_mask": completion_mask',
             'output["tool_mask"] = tool_mask',
             'output["importance_sampling_ratio"] = vllm_importance_sampling_ratio',
-            'self._logs["advantages"].extend(',
+            # Mirrored by OTBTrainer._otb_weighted_rewards: the weighted sum, NaN where no function scored.
+            "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+            "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+            "rewards[unscorable_mask] = torch.nan",
+            # Mirrored by OTBTrainer._otb_can_collect_during_generation: when TRL runs its own rollout pass.
+            "generate_every = self.args.steps_per_generation * self.num_iterations",
+            "if self.args.gradient_accumulation_steps % generate_every != 0 or (",
+            # Mirrored by OTBTrainer._otb_gather: this process's rows of the gathered batch.
+            "self.accelerator.process_index * len(prompts),",
+            "(self.accelerator.process_index + 1) * len(prompts),",
+            # Replaced by OTBTrainer._otb_replace_table_advantages: one table entry per gathered completion.
+            'self._logs["advantages"].extend(all_process_advantages.tolist())',
         ),
     ),
     "_calculate_rewards": (("self", "inputs", "prompts", "completions", "completion_ids_list"), ()),
@@ -44,17 +57,37 @@ REQUIRED = {
             "self.rollout_func = rollout_func",
             "self.generation_config = GenerationConfig(",
             "self.use_transformers_continuous_batching = ",
+            # TRL refuses Liger's fused linear cross-entropy, which would drop the fused head and its sum pi^2.
+            'if liger_kernel_config.get("fused_linear_cross_entropy"):',
         ),
     ),
+    # trainer._FORWARD_KEYS are this method's parameters after the ones every call passes.
     "_get_per_token_logps_and_entropies": (
         ("self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"),
         ("fused_lm_head=True", "outputs.log_probs[:, -logits_to_keep:]"),
     ),
-    # [B, T] advantages are used elementwise; 1-D ones are unsqueezed.
-    "_compute_loss": (("self", "model", "inputs"), ("if advantages.dim() == 1:",)),
+    "_compute_loss": (
+        ("self", "model", "inputs"),
+        (
+            # [B, T] advantages are used elementwise; 1-D ones are unsqueezed.
+            "if advantages.dim() == 1:",
+            # Mirrored by trainer._loss_mask: the tokens that carry gradient.
+            'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]',
+        ),
+    ),
     # Checkpoint saves and push_to_hub write the card through this method; OTBTrainer writes its own card.
     "create_model_card": (("self", "model_name", "dataset_name", "tags"), ()),
 }
+
+# (method, earlier fragment, later fragment): capture.BatchCapture.rollout_pass takes TRL's rollout pass to be the
+# first log-prob pass of a batch, before any reference-model pass.
+REQUIRED_ORDER = (
+    (
+        "_generate_and_score_completions",
+        "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(",
+        "ref_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(",
+    ),
+)
 
 
 class TRLCompatibilityError(RuntimeError):
@@ -91,6 +124,10 @@ def check_trl_compatibility(base: type | None = None) -> None:
         for fragment in fragments:
             if fragment not in source:
                 problems.append(f"GRPOTrainer.{name} no longer contains `{fragment}`")
+    for name, first, then in REQUIRED_ORDER:
+        source = inspect.getsource(getattr(base, name))
+        if first in source and then in source and source.index(first) > source.index(then):
+            problems.append(f"GRPOTrainer.{name} no longer runs `{first.strip()}` before `{then.strip()}`")
     if "outputs" not in inspect.signature(add_fused_lm_head).parameters:
         problems.append("trl.trainer.utils.add_fused_lm_head no longer takes `outputs`")
     if "log_sum_sq_probs" not in FusedCausalLMOutput.__dataclass_fields__:

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from .baselines import ALIGNS, ESTIMATORS, TAILS
 
-PROXIES = ("logit", "uniform")
-# Losses that use the advantage elementwise, token by token: token-level advantages are well defined.
+# The per-token weights training can use (trl_otb.fidelity compares more candidates, offline).
+TRAINING_PROXIES = ("logit", "uniform")
+# TRL losses that use the advantage elementwise, token by token: the only ones a token-level estimator may feed.
+# (VESPO picks its gamma shape per *sequence* from the advantage's sign, which OTB's can change inside a sequence.)
 TOKEN_LEVEL_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
-# VESPO picks its gamma shape per *sequence* from the advantage's sign; OTB's sign can change inside a sequence.
-SEQUENCE_SIGN_LOSSES = ("vespo",)
-SEQUENCE_LEVEL_ESTIMATORS = ("grpo", "rloo", "opo", "ogb")
+# OTBConfig field -> the estimator option it sets (trl_otb.core's registry says which estimator takes which).
+ESTIMATOR_OPTION_FIELDS = {
+    "otb_epsilon": "eps",
+    "otb_tail": "tail",
+    "otb_align": "align",
+    "otb_leave_one_out": "leave_one_out",
+}
 
 
 @dataclass
@@ -120,33 +126,34 @@ class OTBConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._validate_otb()
-        super().__post_init__()
+        self._validate_otb_fields()
+        super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
+        self._validate_against_grpo()
 
-    def _validate_otb(self):
-        def fail(message):
-            raise ValueError(f"OTBConfig: {message}")
-
+    def _validate_otb_fields(self):
+        """OTBConfig's own fields, and the options the chosen estimator does not use."""
         if self.advantage_estimator not in ESTIMATORS:
-            fail(f"unknown advantage_estimator={self.advantage_estimator!r}; choose one of {sorted(ESTIMATORS)}.")
-        if self.otb_proxy not in PROXIES:
-            fail(f"unknown otb_proxy={self.otb_proxy!r}; choose one of {list(PROXIES)}.")
+            _fail(f"unknown advantage_estimator={self.advantage_estimator!r}; choose one of {sorted(ESTIMATORS)}.")
+        if self.otb_proxy not in TRAINING_PROXIES:
+            _fail(f"unknown otb_proxy={self.otb_proxy!r}; choose one of {list(TRAINING_PROXIES)}.")
         if self.otb_tail not in TAILS:
-            fail(f"unknown otb_tail={self.otb_tail!r}; choose one of {list(TAILS)}.")
+            _fail(f"unknown otb_tail={self.otb_tail!r}; choose one of {list(TAILS)}.")
         if self.otb_align is not None and self.otb_align not in ALIGNS:
-            fail(f"unknown otb_align={self.otb_align!r}; choose one of {list(ALIGNS)} or None (automatic).")
+            _fail(f"unknown otb_align={self.otb_align!r}; choose one of {list(ALIGNS)} or None (automatic).")
         if not (isinstance(self.otb_epsilon, int | float) and self.otb_epsilon >= 0):
-            fail(f"otb_epsilon must be a number >= 0, got {self.otb_epsilon!r}.")
+            _fail(f"otb_epsilon must be a number >= 0, got {self.otb_epsilon!r}.")
         if not (isinstance(self.otb_fidelity_check_steps, int) and self.otb_fidelity_check_steps >= 0):
-            fail(f"otb_fidelity_check_steps must be an integer >= 0 (0 = off), got {self.otb_fidelity_check_steps!r}.")
+            _fail(
+                f"otb_fidelity_check_steps must be an integer >= 0 (0 = off), got {self.otb_fidelity_check_steps!r}."
+            )
         if not (isinstance(self.otb_fidelity_rows, int) and self.otb_fidelity_rows >= 1):
-            fail(f"otb_fidelity_rows must be an integer >= 1, got {self.otb_fidelity_rows!r}.")
+            _fail(f"otb_fidelity_rows must be an integer >= 1, got {self.otb_fidelity_rows!r}.")
         if not -1.0 <= self.otb_fidelity_min_energy_spearman <= 1.0:
-            fail(
+            _fail(
                 f"otb_fidelity_min_energy_spearman is a correlation in [-1, 1], got {self.otb_fidelity_min_energy_spearman}."
             )
         if self.num_generations is not None and self.num_generations < 2:
-            fail(
+            _fail(
                 f"num_generations={self.num_generations}: OTB compares completions of the same prompt, so training "
                 "needs at least 2 per group (with 1 it degenerates to plain REINFORCE). Set num_generations >= 2 "
                 "(4 is the paper's choice)."
@@ -154,39 +161,63 @@ class OTBConfig(GRPOConfig):
         # num_generations_eval=1 is allowed: evaluation takes no gradient step, and a singleton group has baseline 0
         # (OTB.md section 2), so each evaluation completion's advantage is its reward.
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
-            fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
-        scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        if self.advantage_estimator != "grpo" and scale != "none":
-            fail(
+            _fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
+        estimator = ESTIMATORS[self.advantage_estimator]
+        defaults = {f.name: f.default for f in fields(OTBConfig)}
+        for name, option in ESTIMATOR_OPTION_FIELDS.items():
+            if getattr(self, name) != defaults[name] and option not in estimator.options:
+                _fail(
+                    f"{name}={getattr(self, name)!r} has no effect with advantage_estimator="
+                    f"{self.advantage_estimator!r}, which takes {_options_text(estimator)}. Leave {name} at its "
+                    f"default ({defaults[name]!r}), or use an estimator that takes it "
+                    f"({[e for e in ESTIMATORS if option in ESTIMATORS[e].options]})."
+                )
+        if self.otb_proxy != defaults["otb_proxy"] and not estimator.uses_proxy:
+            _fail(
+                f"otb_proxy={self.otb_proxy!r} has no effect with advantage_estimator={self.advantage_estimator!r}, "
+                f"which uses no per-token weight. Leave otb_proxy at its default, or use one of "
+                f"{[e for e in ESTIMATORS if ESTIMATORS[e].uses_proxy]}."
+            )
+
+    def _validate_against_grpo(self):
+        """The GRPOConfig fields (as TRL normalised them) that the chosen estimator cannot honour."""
+        estimator = ESTIMATORS[self.advantage_estimator]
+        if self.advantage_estimator != "grpo" and self.scale_rewards != "none":
+            _fail(
                 f"scale_rewards={self.scale_rewards!r} divides advantages by a reward std, but "
                 f"advantage_estimator={self.advantage_estimator!r} uses raw advantages. Set scale_rewards='none', "
                 "or use advantage_estimator='grpo' for std-scaled GRPO."
             )
         if self.advantage_estimator != "grpo" and self.multi_objective_aggregation != "sum_then_normalize":
-            fail(
+            _fail(
                 f"multi_objective_aggregation={self.multi_objective_aggregation!r} normalises each reward per group; "
                 f"advantage_estimator={self.advantage_estimator!r} needs the raw weighted reward sum. Set "
                 "multi_objective_aggregation='sum_then_normalize'."
             )
-        token_level = self.advantage_estimator == "otb"
-        if token_level and self.loss_type in SEQUENCE_SIGN_LOSSES:
-            fail(
-                f"loss_type={self.loss_type!r} chooses its weighting per sequence from the advantage's sign, but OTB "
-                "advantages are token-level and can change sign within a sequence. Use one of "
-                f"{list(TOKEN_LEVEL_LOSSES)} (e.g. 'dapo'), or a sequence-level advantage_estimator "
-                f"({list(SEQUENCE_LEVEL_ESTIMATORS)})."
+        sequence_level = [name for name, e in ESTIMATORS.items() if not e.token_level]
+        if estimator.token_level and self.loss_type not in TOKEN_LEVEL_LOSSES:
+            _fail(
+                f"loss_type={self.loss_type!r} is not one of the losses that use the advantage token by token "
+                f"({list(TOKEN_LEVEL_LOSSES)}; 'vespo' chooses its weighting per sequence from the advantage's sign), "
+                f"but advantage_estimator={self.advantage_estimator!r} gives token-level advantages that can change "
+                f"sign within a sequence. Use one of those losses (e.g. 'dapo'), or a sequence-level "
+                f"advantage_estimator ({sequence_level})."
             )
-        if token_level and self.off_policy_mask_threshold is not None:
-            fail(
+        if estimator.token_level and self.off_policy_mask_threshold is not None:
+            _fail(
                 "off_policy_mask_threshold masks whole sequences by the sign of their advantage, which OTB's "
                 "token-level advantages do not have. Unset off_policy_mask_threshold, or use a sequence-level "
-                f"advantage_estimator ({list(SEQUENCE_LEVEL_ESTIMATORS)})."
+                f"advantage_estimator ({sequence_level})."
             )
-        if self.use_liger_kernel and (self.liger_kernel_config or {}).get("fused_linear_cross_entropy"):
-            fail(
-                "Liger's fused linear cross-entropy replaces the model's forward and never exposes sum_v pi(v)^2, "
-                "which the OTB proxy needs. Drop fused_linear_cross_entropy from liger_kernel_config."
-            )
+
+
+def _fail(message: str):
+    raise ValueError(f"OTBConfig: {message}")
+
+
+def _options_text(estimator) -> str:
+    taken = [f for f, option in ESTIMATOR_OPTION_FIELDS.items() if option in estimator.options]
+    return "no OTB option" if not taken else ", ".join(taken)
 
 
 def otb_fields_markdown() -> str:
@@ -194,7 +225,7 @@ def otb_fields_markdown() -> str:
 
     ``docs/api.md`` embeds it verbatim; a test keeps the two in sync.
     """
-    from dataclasses import MISSING, fields
+    from dataclasses import MISSING
 
     parent = {f.name: f for f in fields(GRPOConfig)}
     rows = ["| field | default | help |", "|---|---|---|"]

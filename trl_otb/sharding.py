@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import TrainerCallback
 
 LM_HEAD_UNIT_MESSAGE = (
     "The LM head is its own FSDP2 unit (the auto-wrap policy wraps nn.Linear, or is size-based with a small "
@@ -25,6 +26,30 @@ LM_HEAD_UNIT_MESSAGE = (
     "examples/accelerate_configs/fsdp2.yaml; accelerate then puts the head in one unit with the final norm, which "
     "FSDP2 unshards before the head is read and whose gradient it averages. See docs/training.md."
 )
+
+
+class RefuseLMHeadUnit(TrainerCallback):
+    """Stops before the first step when FSDP2 made the LM head its own unit (:data:`LM_HEAD_UNIT_MESSAGE`)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and lm_head_own_fsdp2_unit(model):
+            raise ValueError(LM_HEAD_UNIT_MESSAGE)
+
+
+def check_fidelity_check_supported(engine_name: str | None, peft: bool) -> None:
+    """The in-training fidelity check copies a sharded model into a plain one: FSDP2 and ZeRO-3, full fine-tuning."""
+    if engine_name == "fsdp1":
+        raise ValueError(
+            "otb_fidelity_check_steps > 0 runs under FSDP2 and DeepSpeed ZeRO-3, not FSDP1 (it gathers the "
+            "sharded parameters into a full copy). Set fsdp_version: 2 in the accelerate config, or "
+            "otb_fidelity_check_steps=0."
+        )
+    if engine_name is not None and peft:
+        raise ValueError(
+            f"otb_fidelity_check_steps > 0 with a PEFT model is not supported under {engine_name} "
+            "(the check copies the sharded model into a plain one, which is implemented for full fine-tuning "
+            "only). Set otb_fidelity_check_steps=0, or run the check without sharding (`trl-otb fidelity`)."
+        )
 
 
 def engine(accelerator) -> str | None:

@@ -13,6 +13,7 @@ TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import textwrap
@@ -21,13 +22,14 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import LogitsProcessorList, TrainerCallback
+from transformers import LogitsProcessorList
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
 from . import compat, sharding
-from .baselines import compute_advantages
+from .baselines import ESTIMATORS, compute_advantages
+from .capture import BatchCapture, GatheredGroups
 from .card import trainer_model_card
 from .config import OTBConfig
 from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
@@ -36,27 +38,20 @@ from .metrics import otb_diagnostics
 from .proxy import logit_gradient_proxy, uniform_proxy
 from .rollout_stats import RolloutStatsCollector, scores_are_raw_logits
 
-# Keys of the generation batch that TRL's own log-prob passes forward to the model (multimodal inputs).
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
+# The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
+# ones every call passes (input_ids, attention_mask, logits_to_keep, batch_size) and its two switches.
+_FORWARD_KEYS = tuple(
+    name
+    for name in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
+    if name not in ("self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size")
+    and not name.startswith("compute_")
 )
 
 
-class _RefuseLMHeadUnit(TrainerCallback):
-    """Stops before the first step when FSDP2 made the LM head its own unit (sharding.LM_HEAD_UNIT_MESSAGE)."""
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if model is not None and sharding.lm_head_own_fsdp2_unit(model):
-            raise ValueError(sharding.LM_HEAD_UNIT_MESSAGE)
+def _loss_mask(batch: dict) -> torch.Tensor:
+    """The tokens that carry gradient: the completion without tool output (TRL's loss mask, compat.REQUIRED)."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
 class OTBTrainer(GRPOTrainer):
@@ -99,24 +94,10 @@ class OTBTrainer(GRPOTrainer):
         guard_4bit_cpu_repack(self.model)
         self._otb_engine = sharding.engine(self.accelerator)
         if self._otb_engine == "fsdp2":
-            self.add_callback(_RefuseLMHeadUnit())
-        if args.otb_fidelity_check_steps and self._otb_engine is not None:
-            if self._otb_engine == "fsdp1":
-                raise ValueError(
-                    "otb_fidelity_check_steps > 0 runs under FSDP2 and DeepSpeed ZeRO-3, not FSDP1 (it gathers the "
-                    "sharded parameters into a full copy). Set fsdp_version: 2 in the accelerate config, or "
-                    "otb_fidelity_check_steps=0."
-                )
-            if is_peft_model(self.model):
-                raise ValueError(
-                    f"otb_fidelity_check_steps > 0 with a PEFT model is not supported under {self._otb_engine} "
-                    "(the check copies the sharded model into a plain one, which is implemented for full fine-tuning "
-                    "only). Set otb_fidelity_check_steps=0, or run the check without sharding (`trl-otb fidelity`)."
-                )
-        self._otb_sink = None  # list while a generation batch is scored: (logps, log_sum_sq_probs) per pass
-        self._otb_chunks = None  # list while one armed log-prob pass runs: log_sum_sq_probs per chunk
-        self._otb_rewards_per_func = None
-        self._otb_collector = None  # RolloutStatsCollector of the last single-turn HF generate, if any
+            self.add_callback(sharding.RefuseLMHeadUnit())
+        if args.otb_fidelity_check_steps:
+            sharding.check_fidelity_check_supported(self._otb_engine, is_peft_model(self.model))
+        self._otb_capture: BatchCapture | None = None  # open only while TRL scores a generation batch
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
             # Patching again wraps TRL's patch; only the fused call path changes.
@@ -127,64 +108,72 @@ class OTBTrainer(GRPOTrainer):
                 cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
-            self.model.register_forward_hook(self._otb_capture_hook)
+            self.model.register_forward_hook(self._otb_forward_hook)
 
     # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
     __init__.__signature__ = inspect.signature(GRPOTrainer.__init__)
 
     @property
     def _otb_needs_sum_pi_sq(self) -> bool:
-        return self.args.otb_proxy == "logit" and self.args.advantage_estimator in ("otb", "ogb")
+        return self.args.otb_proxy == "logit" and ESTIMATORS[self.args.advantage_estimator].uses_proxy
 
-    # --- arrow 1: sum pi^2 from the rollout-time pass -------------------------------------------------------------
+    # --- one generation batch: TRL scores it while the capture is open, then OTB replaces its advantages ---------
 
-    def _otb_capture_hook(self, module, args, output):
-        if self._otb_chunks is None:
-            return
-        log_sum_sq = getattr(output, "log_sum_sq_probs", None)
-        if log_sum_sq is None:
-            raise RuntimeError(
-                "The model's fused LM head returned no log_sum_sq_probs, so the OTB proxy cannot be formed. Something "
-                "replaced the forward that OTBTrainer patched (e.g. a fused-loss kernel); remove it, or set "
-                "otb_proxy='uniform'."
-            )
-        self._otb_chunks.append(log_sum_sq)
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        with self._otb_capturing() as capture:
+            batch = super()._generate_and_score_completions(inputs)  # runs the three overrides below
+            proxy = self._otb_local_proxy(batch, capture)  # may run one more no-grad pass, into the capture
+        groups = self._otb_gather(batch, proxy, self._otb_weighted_rewards(capture.rewards()))
+        advantages = self._otb_estimate(groups)
+        batch["advantages"] = advantages[groups.rows, : groups.width].contiguous()
+        self._otb_log(groups, advantages, mode)
+        every = self.args.otb_fidelity_check_steps
+        if mode == "train" and every and self.state.global_step % every == 0:
+            self._otb_fidelity(batch, groups.rewards[groups.rows])
+        return batch
+
+    @contextlib.contextmanager
+    def _otb_capturing(self):
+        if self._otb_capture is not None:
+            raise RuntimeError("A generation batch is already being scored; OTBTrainer scores one at a time.")
+        self._otb_capture = BatchCapture(wants_sum_pi_sq=self._otb_needs_sum_pi_sq)
+        try:
+            yield self._otb_capture
+        finally:
+            self._otb_capture = None
+
+    # --- the overrides: each records into the open capture and otherwise is TRL's method ----------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._otb_capture is not None:
+            self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = function gave None
+        return rewards_per_func
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        if self._otb_sink is None or torch.is_grad_enabled():
+        capture = self._otb_capture
+        if capture is None or not capture.wants_sum_pi_sq or torch.is_grad_enabled():
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
-        self._otb_chunks = []
+        capture.begin_pass()
+        result = None
         try:
             result = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
-            chunks = self._otb_chunks
         finally:
-            self._otb_chunks = None
-        if chunks:
-            self._otb_sink.append((result[0], torch.cat([c[:, -logits_to_keep:] for c in chunks], dim=0)))
+            capture.end_pass(None if result is None else result[0], logits_to_keep)
         return result
 
-    def _otb_can_collect_during_generation(self) -> bool:
-        """Single-turn HF `generate` whose scores are plain logits: the statistics can be read while sampling."""
-        model_config = getattr(self.model, "generation_config", None)
-        # When generation and optimizer steps are misaligned TRL runs its own rollout pass: the statistic rides there.
-        trl_runs_pass = self.args.gradient_accumulation_steps % (self.args.steps_per_generation * self.num_iterations)
-        return (
-            self._otb_needs_sum_pi_sq
-            and not trl_runs_pass
-            and not self.use_vllm
-            and not self.use_transformers_continuous_batching
-            and not self.tools
-            and self.rollout_func is None
-            and scores_are_raw_logits(self.generation_config, model_config)
-        )
+    def _otb_forward_hook(self, module, args, output):
+        if self._otb_capture is not None:
+            self._otb_capture.record_forward(output)
 
     def _generate_single_turn(self, *args, **kwargs):
-        self._otb_collector = None
-        if not self._otb_can_collect_during_generation():
+        capture = self._otb_capture
+        if capture is None or not self._otb_can_collect_during_generation():
             return super()._generate_single_turn(*args, **kwargs)
         collector = RolloutStatsCollector(self.temperature)
         had_own = "generate" in self.model.__dict__
@@ -197,78 +186,140 @@ class OTBTrainer(GRPOTrainer):
                 self.model.generate = original
             else:
                 del self.model.generate
-        self._otb_collector = collector
+        capture.sampling_stats = collector
         return result
 
-    def _otb_rollout_stats(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(y_t) and log sum pi^2 of the generation batch, from the cheapest source available:
-        TRL's own rollout pass, else the statistics recorded while sampling, else one no-grad pass."""
-        old = batch.get("old_per_token_logps")
-        for logps, log_sum_sq in self._otb_sink or ():
-            if old is not None and logps is old:
-                return logps, log_sum_sq
-        collector, self._otb_collector = self._otb_collector, None
-        if collector is not None:
-            stats = collector.finish(batch["completion_ids"])
-            if stats is not None:
-                return stats
-        mode = "train" if self.model.training else "eval"
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    def _otb_can_collect_during_generation(self) -> bool:
+        """Single-turn HF `generate` whose scores are plain logits: the statistics can be read while sampling."""
+        model_config = getattr(self.model, "generation_config", None)
+        # When generation and optimizer steps are misaligned TRL runs its own rollout pass (TRL's condition, checked
+        # by compat.REQUIRED): the statistic rides there instead.
+        trl_runs_pass = self.args.gradient_accumulation_steps % (self.args.steps_per_generation * self.num_iterations)
+        return (
+            self._otb_needs_sum_pi_sq
+            and not trl_runs_pass
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and not self.tools
+            and self.rollout_func is None
+            and scores_are_raw_logits(self.generation_config, model_config)
+        )
+
+    # --- arrow 1: the per-token proxy w_t of this process's rows ----------------------------------------------
+
+    def _otb_local_proxy(self, batch: dict, capture: BatchCapture) -> torch.Tensor:
+        """``[B_local, T_local]`` w_t from the cheapest source of log pi(y_t) and log sum pi^2: TRL's rollout pass,
+        else the statistics recorded while sampling, else one more no-grad pass."""
+        if not capture.wants_sum_pi_sq:
+            return uniform_proxy(batch["completion_mask"])
+        stats = capture.rollout_pass(batch.get("old_per_token_logps"))
+        if stats is None and capture.sampling_stats is not None:
+            stats = capture.sampling_stats.finish(batch["completion_ids"])
+        if stats is None:
+            stats = self._otb_extra_pass(batch, capture)
+        logps, log_sum_sq = stats if isinstance(stats, tuple) else (stats.logps, stats.log_sum_sq_probs)
+        # Positions whose label is -100 hold 0 in log space; the mask removes them downstream.
+        return logit_gradient_proxy(logps, torch.exp(log_sum_sq.float()))
+
+    def _otb_extra_pass(self, batch: dict, capture: BatchCapture):
+        train = self.model.training
+        batch_size = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
         forward_kwargs = {k: batch[k] for k in _FORWARD_KEYS if k in batch}
-        self._otb_sink = []
-        try:
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                self._get_per_token_logps_and_entropies(
-                    self.model,
-                    input_ids,
-                    attention_mask,
-                    batch["completion_ids"].size(1),
-                    batch_size=batch_size,
-                    **forward_kwargs,
-                )
-            return self._otb_sink[0]
-        finally:
-            self._otb_sink = None
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            self._get_per_token_logps_and_entropies(
+                self.model,
+                torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                batch["completion_ids"].size(1),
+                batch_size=batch_size,
+                **forward_kwargs,
+            )
+        return capture.passes[-1]
 
-    # --- arrow 2: token-level advantages -------------------------------------------------------------------------
+    # --- arrow 2: token-level advantages on whole groups: gather, estimate, log -------------------------------
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._otb_rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN where a function returned None
-        return rewards_per_func
+    def _otb_weighted_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """``[B_global]`` weighted reward sum, NaN where every reward function returned None (TRL's own sum, which
+        it keeps local: compat.REQUIRED checks the lines mirrored here)."""
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
 
-    def _generate_and_score_completions(self, inputs):
-        self._otb_sink = [] if self._otb_needs_sum_pi_sq else None
-        try:
-            batch = super()._generate_and_score_completions(inputs)
-            proxy = self._otb_local_proxy(batch)
-        finally:
-            self._otb_sink = None
-        advantages, diagnostics = self._otb_advantages(batch, proxy)
-        batch["advantages"] = advantages
-        mode = "train" if self.model.training else "eval"
+    def _otb_gather(self, batch: dict, proxy: torch.Tensor, rewards: torch.Tensor) -> GatheredGroups:
+        """Every process's rows, so that each group is whole (collective: every process calls it)."""
+        mask = _loss_mask(batch)
+        is_weights = batch.get("importance_sampling_ratio")
+        if is_weights is not None:
+            # Tokens whose importance ratio a masked mode zeroed leave their group (or their whole sequence does).
+            mask = mask * (is_weights > 0).to(mask.dtype)
+        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        n = batch["completion_ids"].size(0)
+        g_mask = self._otb_gather_padded(mask.to(torch.float32))
+        trl_advantages = batch["advantages"] if self.args.advantage_estimator == "grpo" else None
+        return GatheredGroups(
+            rewards=rewards.to(g_mask.device),
+            proxy=self._otb_gather_padded(proxy.to(torch.float32)),
+            mask=g_mask,
+            group_ids=torch.arange(g_mask.size(0), device=g_mask.device) // num_generations,
+            is_weights=None if is_weights is None else self._otb_gather_padded(is_weights.float(), pad_value=1.0),
+            trl_advantages=None if trl_advantages is None else self.accelerator.gather(trl_advantages),
+            rows=slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n),
+            width=batch["completion_ids"].size(1),
+            align=self.args.otb_align or ("valid" if "tool_mask" in batch else "position"),
+        )
+
+    def _otb_gather_padded(self, x: torch.Tensor, pad_value=0) -> torch.Tensor:
+        """[B_local, T_local] on each process -> [B_global, T_max] on every process."""
+        return self.accelerator.gather(self.accelerator.pad_across_processes(x, dim=1, pad_index=pad_value))
+
+    def _otb_estimate(self, groups: GatheredGroups) -> torch.Tensor:
+        """``[B_global, T_max]`` advantages of the configured estimator."""
+        name = self.args.advantage_estimator
+        if name == "grpo":
+            # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
+            return groups.trl_advantages[:, None] * groups.mask
+        options = {
+            "eps": self.args.otb_epsilon,
+            "tail": self.args.otb_tail,
+            "is_weights": groups.is_weights,
+            "align": groups.align,
+            "leave_one_out": self.args.otb_leave_one_out,
+        }
+        taken = {k: v for k, v in options.items() if k in ESTIMATORS[name].options}
+        return compute_advantages(name, groups.rewards, groups.proxy, groups.mask, groups.group_ids, **taken)
+
+    def _otb_log(self, groups: GatheredGroups, advantages: torch.Tensor, mode: str) -> None:
+        """``otb/*`` metrics, and the completions table's advantage column."""
+        proxy = groups.proxy if self._otb_needs_sum_pi_sq or self.args.advantage_estimator == "otb" else None
+        diagnostics = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids)
         for name, value in diagnostics.items():
             self._metrics[mode][f"otb/{name}"].append(value)
-        every = self.args.otb_fidelity_check_steps
-        if mode == "train" and every and self.state.global_step % every == 0:
-            self._otb_fidelity(batch)
-        return batch
+        self._otb_replace_table_advantages(advantages, groups.mask)
 
-    def _otb_fidelity(self, batch: dict) -> None:
+    def _otb_replace_table_advantages(self, advantages: torch.Tensor, mask: torch.Tensor) -> None:
+        """TRL appended one advantage per gathered completion (its own) to the completions table; replace those
+        entries by the token mean of ours (compat.REQUIRED checks TRL's line)."""
+        per_sequence = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+        table = self._logs["advantages"]
+        for _ in range(min(len(table), per_sequence.numel())):
+            table.pop()
+        table.extend(per_sequence.tolist())
+
+    # --- the in-training fidelity check -------------------------------------------------------------------------
+
+    def _otb_fidelity(self, batch: dict, rewards: torch.Tensor) -> None:
         """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
-        rows = self._otb_rows(batch)
         # Under FSDP2/ZeRO-3 each rank holds a slice of every parameter: gather them into a plain copy (collective).
         model = self.model if self._otb_engine is None else sharding.full_replica(self.model, self._otb_engine)
+        n = batch["completion_ids"].size(0)
         local = batch_fidelity(
             model,
             batch,
-            self._otb_loss_mask(batch),
-            self._otb_rewards()[rows],
+            _loss_mask(batch),
+            rewards,
             self.args.otb_fidelity_rows,
             self.temperature,
-            first_row=rows.start,
+            first_row=self.accelerator.process_index * n,
             num_generations=self.num_generations,
         )
         values = self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).nanmean(0).tolist()
@@ -277,86 +328,6 @@ class OTBTrainer(GRPOTrainer):
         energy, threshold = values[TRAINER_KEYS.index("energy_spearman")], self.args.otb_fidelity_min_energy_spearman
         if self.accelerator.is_main_process and energy < threshold:
             warnings.warn(low_fidelity_message(energy, self.state.global_step, threshold), stacklevel=2)
-
-    def _otb_local_proxy(self, batch: dict) -> torch.Tensor:
-        if not self._otb_needs_sum_pi_sq:
-            return uniform_proxy(batch["completion_mask"])
-        logps, log_sum_sq = self._otb_rollout_stats(batch)
-        # Positions whose label is -100 hold 0 in log space; the mask removes them downstream.
-        return logit_gradient_proxy(logps, torch.exp(log_sum_sq.float()))
-
-    def _otb_rewards(self) -> torch.Tensor:
-        """[B_global] weighted reward sum, NaN where every reward function returned None (as TRL does)."""
-        rewards_per_func = self._otb_rewards_per_func
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
-
-    @staticmethod
-    def _otb_loss_mask(batch: dict) -> torch.Tensor:
-        """Tokens that carry gradient: the completion without tool output (TRL's loss mask)."""
-        tool_mask = batch.get("tool_mask")
-        return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
-
-    def _otb_rows(self, batch: dict) -> slice:
-        """This process's rows of the gathered generation batch."""
-        n = batch["completion_ids"].size(0)
-        return slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
-
-    def _otb_gather(self, x: torch.Tensor, pad_value=0) -> torch.Tensor:
-        """[B_local, T_local] on each process -> [B_global, T_max] on every process."""
-        x = self.accelerator.pad_across_processes(x, dim=1, pad_index=pad_value)
-        return self.accelerator.gather(x)
-
-    def _otb_advantages(self, batch: dict, proxy: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        args = self.args
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        T_local = batch["completion_ids"].size(1)
-        mask = self._otb_loss_mask(batch)
-        tool_mask = batch.get("tool_mask")
-        is_weights = batch.get("importance_sampling_ratio")
-        if is_weights is not None:
-            # Masked importance-sampling modes zero a ratio: those tokens (or sequences) leave their group.
-            mask = mask * (is_weights > 0).to(mask.dtype)
-        align = args.otb_align or ("valid" if tool_mask is not None else "position")
-
-        rewards = self._otb_rewards()
-
-        g_mask = self._otb_gather(mask.to(torch.float32))
-        g_proxy = self._otb_gather(proxy.to(torch.float32))
-        g_is = None if is_weights is None else self._otb_gather(is_weights.to(torch.float32), pad_value=1.0)
-        group_ids = torch.arange(g_mask.size(0), device=g_mask.device) // num_generations
-        rows = self._otb_rows(batch)
-
-        if args.advantage_estimator == "grpo":
-            # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
-            local = batch["advantages"][:, None] * mask.to(torch.float32)
-            g_adv = self._otb_gather(local)
-        else:
-            g_adv = compute_advantages(
-                args.advantage_estimator,
-                rewards.to(g_proxy.device),
-                g_proxy,
-                g_mask,
-                group_ids,
-                eps=args.otb_epsilon,
-                tail=args.otb_tail,
-                is_weights=g_is,
-                align=align,
-                leave_one_out=args.otb_leave_one_out,
-            )
-        diagnostics = otb_diagnostics(rewards.to(g_proxy.device), g_adv, g_proxy, g_mask, group_ids)
-        self._otb_log_table_advantages(g_adv, g_mask)
-        return g_adv[rows, :T_local].contiguous(), diagnostics
-
-    def _otb_log_table_advantages(self, g_adv: torch.Tensor, g_mask: torch.Tensor) -> None:
-        """The completions table shows one advantage per completion: use the token mean of ours, not TRL's."""
-        per_sequence = (g_adv * g_mask).sum(1) / g_mask.sum(1).clamp(min=1)
-        table = self._logs["advantages"]
-        for _ in range(min(len(table), per_sequence.numel())):
-            table.pop()
-        table.extend(per_sequence.tolist())
 
     def create_model_card(
         self,
