@@ -8,8 +8,10 @@ it divides them by the temperature itself. That is the distribution TRL's fused 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
-from transformers import GenerationConfig, LogitsProcessor
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 # GenerationConfig fields that add logits processors *before* ours. When any is active, the scores we
 # would see are not plain logits, so the trainer falls back to a forward pass instead.
@@ -96,3 +98,23 @@ class RolloutStatsCollector(LogitsProcessor):
             logps = torch.nn.functional.pad(logps, (0, pad))
             log_sum_sq = torch.nn.functional.pad(log_sum_sq, (0, pad))
         return logps.to(completion_ids.device), log_sum_sq.to(completion_ids.device)
+
+
+@contextlib.contextmanager
+def collecting_while_generating(model: torch.nn.Module, collector: RolloutStatsCollector):
+    """Within the block, ``model.generate`` also runs ``collector`` (TRL's generation code calls it unchanged)."""
+    had_own = "generate" in model.__dict__
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+        return original(*args, logits_processor=LogitsProcessorList([collector, *processors]), **kwargs)
+
+    model.generate = generate
+    try:
+        yield collector
+    finally:
+        if had_own:
+            model.generate = original
+        else:
+            del model.generate

@@ -14,7 +14,6 @@ TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import textwrap
 import warnings
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import LogitsProcessorList
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
@@ -36,7 +34,7 @@ from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .fidelity_bnb import guard_4bit_cpu_repack
 from .metrics import otb_diagnostics
 from .proxy import logit_gradient_proxy, uniform_proxy
-from .rollout_stats import RolloutStatsCollector, scores_are_raw_logits
+from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
 # ones every call passes (input_ids, attention_mask, logits_to_keep, batch_size) and its two switches.
@@ -176,16 +174,8 @@ class OTBTrainer(GRPOTrainer):
         if capture is None or not self._otb_can_collect_during_generation():
             return super()._generate_single_turn(*args, **kwargs)
         collector = RolloutStatsCollector(self.temperature)
-        had_own = "generate" in self.model.__dict__
-        original = self.model.generate
-        self.model.generate = functools.partial(original, logits_processor=LogitsProcessorList([collector]))
-        try:
+        with collecting_while_generating(self.model, collector):
             result = super()._generate_single_turn(*args, **kwargs)
-        finally:
-            if had_own:
-                self.model.generate = original
-            else:
-                del self.model.generate
         capture.sampling_stats = collector
         return result
 
