@@ -72,7 +72,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from trl_otb.baselines import compute_advantages  # noqa: E402
+from trl_otb import compute_advantages  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VARIANCE_ESTIMATORS = {

@@ -3,7 +3,7 @@
     python docs/make_troubleshooting.py          # rewrite the catalogue
     python docs/make_troubleshooting.py --check  # exit 1 if the file is out of date (the tests run this)
 
-Every `raise SomeError("...")` (and OTBConfig's `fail("...")`) in trl_otb/ is listed with its message;
+Every `raise SomeError("...")` (and OTBConfig's `fail("...")`) in trl_otb/ and its sub-packages is listed with its message;
 `{...}` marks the parts filled in at run time. The messages themselves say what to change.
 """
 
@@ -34,7 +34,8 @@ def _text(node: ast.AST) -> str | None:
 def messages() -> list[tuple[str, str, str]]:
     """(module, exception, message) for every raise with a literal message, in source order."""
     found = []
-    for path in sorted((ROOT / "trl_otb").glob("*.py")):
+    for path in sorted((ROOT / "trl_otb").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT / "trl_otb").with_suffix("").parts)  # e.g. core.checks
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             call = None
@@ -46,7 +47,7 @@ def messages() -> list[tuple[str, str, str]]:
                 continue
             text = _text(call.args[0])
             if text:
-                found.append((node.lineno, path.stem, kind, " ".join(text.split())))
+                found.append((node.lineno, module, kind, " ".join(text.split())))
     return [(module, kind, text) for _, module, kind, text in sorted(found, key=lambda x: (x[1], x[0]))]
 
 
