@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,3 +127,13 @@ def test_registering_checks_the_declaration_and_unknown_names_list_the_choices()
     with pytest.raises(ValueError, match="choose one of") as info:
         compute_advantages("ppo", **INPUTS)
     assert all(repr(name) in str(info.value) for name in ESTIMATORS)
+
+
+def test_the_core_imports_torch_only():
+    """trl_otb.core (and the top-level names that come from it) load without TRL, transformers or accelerate."""
+    code = (
+        "import sys, trl_otb, trl_otb.core; "
+        "print(sorted(m for m in ('trl', 'transformers', 'accelerate', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
