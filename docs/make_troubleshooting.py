@@ -3,8 +3,8 @@
     python docs/make_troubleshooting.py          # rewrite the catalogue
     python docs/make_troubleshooting.py --check  # exit 1 if the file is out of date (the tests run this)
 
-Every `raise SomeError("...")` (and OTBConfig's `fail("...")`) in trl_otb/ and its sub-packages is listed with its message;
-`{...}` marks the parts filled in at run time. The messages themselves say what to change.
+Every `raise SomeError("...")` (and OTBConfig's `_fail("...")`) in trl_otb/ and its sub-packages is listed with
+its message; `{...}` marks the parts filled in at run time. The messages themselves say what to change.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def messages() -> list[tuple[str, str, str]]:
             call = None
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 call, kind = node.exc, getattr(node.exc.func, "id", getattr(node.exc.func, "attr", "?"))
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fail":
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("fail", "_fail"):
                 call, kind = node, "ValueError (OTBConfig)"
             if call is None or not call.args:
                 continue
