@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from trl_otb.baselines import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
+from trl_otb import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
 
 FULL_SIZES = [(128, 8, 128), (128, 8, 512), (128, 8, 2048), (128, 8, 8192)]
 QUICK_SIZES = [(16, 8, 64), (16, 8, 256), (32, 8, 512)]

@@ -224,7 +224,7 @@ def time_pieces(repeats: int = 2000) -> dict[str, float]:
     import torch
 
     from trl_otb import otb_advantages
-    from trl_otb.metrics import otb_diagnostics
+    from trl_otb.core import otb_diagnostics
     from trl_otb.rollout_stats import RolloutStatsCollector
 
     sys.path.insert(0, str(HERE.parent / "tests"))

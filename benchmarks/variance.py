@@ -72,10 +72,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from trl_otb.baselines import compute_advantages  # noqa: E402
+from trl_otb import compute_advantages  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-ESTIMATORS = {
+VARIANCE_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),
     "grpo_std": ("grpo", {"scale": "group"}),
     "rloo": ("rloo", {}),
@@ -424,7 +424,7 @@ def group_coefficients(
 
 def group_advantages(estimator, groups, rewards, proxy, mask, estimators=None):
     """[G * N, T] advantages of every group's members (fp64), rows in group order."""
-    name, options = (estimators or ESTIMATORS)[estimator]
+    name, options = (estimators or VARIANCE_ESTIMATORS)[estimator]
     G, N = groups.shape
     flat = groups.flatten()
     group_ids = torch.arange(G).repeat_interleave(N)
@@ -457,7 +457,7 @@ def analyse_prompt(
 
     For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
     the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
-    estimators = estimators or ESTIMATORS
+    estimators = estimators or VARIANCE_ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
@@ -593,7 +593,7 @@ def summarise(per_prompt, Ns, boot, generator, estimators=None, pairs=PAIRS):
     (the interval of these prompts' mean). The scale a is re-estimated in every resample. Within one N every
     estimator sees the same groups (drawn once per prompt and N) and the same resampling indices, so a paired test
     is the distribution of the per-resample difference. Returns (table, paired)."""
-    estimators = list(estimators or ESTIMATORS)
+    estimators = list(estimators or VARIANCE_ESTIMATORS)
     P = len(per_prompt)
     table, paired = {}, {}
     for N in Ns:
@@ -753,7 +753,7 @@ def plot(results, Ns, horizons, path):
                 ax.set_title(f"horizon {h}: not measured in this space")
                 ax.axis("off")
                 continue
-            for est in ESTIMATORS:
+            for est in VARIANCE_ESTIMATORS:
                 y = [table[f"N={N}/{est}"]["var_scaled"] for N in Ns]
                 lo = [table[f"N={N}/{est}"]["var_scaled_ci"][0] for N in Ns]
                 hi = [table[f"N={N}/{est}"]["var_scaled_ci"][1] for N in Ns]
@@ -766,7 +766,7 @@ def plot(results, Ns, horizons, path):
             ax.set_ylabel(label)
         ax = axes[-1]
         N4 = 4 if 4 in Ns else Ns[0]
-        for est in ESTIMATORS:
+        for est in VARIANCE_ESTIMATORS:
             ys = [
                 results[space]
                 .get(str(h), {})
@@ -935,7 +935,7 @@ def main():
         print(f"pools cached in {cache} ({sampled_s:.0f} s)")
         return
 
-    estimators = {**ESTIMATORS, **(STUDY_ESTIMATORS if args.study else {})}
+    estimators = {**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if args.study else {})}
     pairs = PAIRS + (STUDY_PAIRS if args.study else ())
     decompose = DECOMPOSED if args.study else ()
     adapter, lora_s = None, {}

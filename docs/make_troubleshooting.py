@@ -3,8 +3,8 @@
     python docs/make_troubleshooting.py          # rewrite the catalogue
     python docs/make_troubleshooting.py --check  # exit 1 if the file is out of date (the tests run this)
 
-Every `raise SomeError("...")` (and OTBConfig's `fail("...")`) in trl_otb/ is listed with its message;
-`{...}` marks the parts filled in at run time. The messages themselves say what to change.
+Every `raise SomeError("...")` (and OTBConfig's `_fail("...")`) in trl_otb/ and its sub-packages is listed with
+its message; `{...}` marks the parts filled in at run time. The messages themselves say what to change.
 """
 
 from __future__ import annotations
@@ -34,19 +34,20 @@ def _text(node: ast.AST) -> str | None:
 def messages() -> list[tuple[str, str, str]]:
     """(module, exception, message) for every raise with a literal message, in source order."""
     found = []
-    for path in sorted((ROOT / "trl_otb").glob("*.py")):
+    for path in sorted((ROOT / "trl_otb").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT / "trl_otb").with_suffix("").parts)  # e.g. core.checks
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             call = None
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 call, kind = node.exc, getattr(node.exc.func, "id", getattr(node.exc.func, "attr", "?"))
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fail":
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("fail", "_fail"):
                 call, kind = node, "ValueError (OTBConfig)"
             if call is None or not call.args:
                 continue
             text = _text(call.args[0])
             if text:
-                found.append((node.lineno, path.stem, kind, " ".join(text.split())))
+                found.append((node.lineno, module, kind, " ".join(text.split())))
     return [(module, kind, text) for _, module, kind, text in sorted(found, key=lambda x: (x[1], x[0]))]
 
 

@@ -1,4 +1,7 @@
-"""The advantage estimators against hand-computed numbers, a loop-based reference, and the laws of OTB.md."""
+"""The advantage estimators against hand-computed numbers, a loop-based reference, and the laws of the OTB contract.
+
+The contract is the docstring of ``trl_otb.otb_advantages`` (formulas in ``trl_otb/core/otb.py``; prose in
+docs/method.md, "The estimate trl-otb computes")."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from trl_otb import (
     otb_terms,
     rloo_advantages,
 )
-from trl_otb.proxy import uniform_proxy
+from trl_otb.core import uniform_proxy
 
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
@@ -38,7 +41,7 @@ def assert_close(actual, expected, atol=1e-6, rtol=1e-6):
 
 
 # ----------------------------------------------------------------------------------------------
-# A slow, obvious reference: Python loops over groups and aligned positions, straight from §1-§2.
+# A slow, obvious reference: Python loops over groups and aligned positions, straight from the contract.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -501,7 +504,7 @@ def test_bad_options_raise_a_clear_value_error(option, value, match):
 
 
 def test_bad_proxy_outside_the_mask_is_ignored():
-    # Negative, NaN, inf proxy on masked-out tokens: ignored (OTB.md §2).
+    # Negative, NaN, inf proxy on masked-out tokens: ignored (otb_advantages: proxy is ignored where mask is 0).
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     clean = otb_advantages(torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]))
     dirty_proxy = torch.tensor([[1.0, 1.0, -5.0], [1.0, NAN, float("inf")]])
@@ -861,12 +864,28 @@ def test_dispatch_forwards_each_estimators_own_options():
     got = compute_advantages("otb", **x, tail="none", align="valid", leave_one_out=True, eps=1e-3, is_weights=isw)
     want = otb_advantages(**x, tail="none", align="valid", leave_one_out=True, eps=1e-3, is_weights=isw)
     assert_close(got, want, atol=0, rtol=0)
-    got = compute_advantages("grpo", **x, scale="group", tail="none")  # tail is OTB's: not passed to GRPO
+    got = compute_advantages("grpo", **x, scale="group")
     assert_close(got, grpo_advantages(**x, scale="group"), atol=0, rtol=0)
-    got = compute_advantages("ogb", **x, is_weights=isw, eps=1e-3, scale="group")
+    got = compute_advantages("ogb", **x, is_weights=isw, eps=1e-3)
     assert_close(got, ogb_advantages(**x, is_weights=isw, eps=1e-3), atol=0, rtol=0)
     # the options actually change the result
     assert not torch.allclose(compute_advantages("otb", **x), want)
+
+
+@pytest.mark.parametrize(
+    "estimator, option, takes",
+    [
+        ("grpo", "tail", "['scale']"),
+        ("ogb", "scale", "['eps', 'is_weights']"),
+        ("rloo", "leave_one_out", "no options"),
+    ],
+)
+def test_an_option_the_estimator_does_not_take_is_an_error(estimator, option, takes):
+    """Another estimator's option is rejected, naming the estimator, the option and what it does take."""
+    with pytest.raises(TypeError) as info:
+        compute_advantages(estimator, **good_inputs(), **{option: "none" if option != "leave_one_out" else True})
+    for part in (repr(estimator), repr(option), takes):
+        assert part in str(info.value)
 
 
 def test_huge_finite_is_weights_on_masked_out_tokens_do_not_overflow_otb():

@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+from test_trainer import RecordingReward, generation_inputs, make_args, prompts_dataset
 
-from trl_otb import otb_advantages
-from trl_otb.metrics import otb_diagnostics
+from trl_otb import OTBTrainer, otb_advantages, rloo_advantages
+from trl_otb.core import otb_diagnostics
+from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
 
 
 def reference(rewards, adv, proxy, mask, group_ids):
@@ -61,3 +63,31 @@ def test_diagnostics_of_an_empty_batch_are_zero():
         torch.tensor([1.0]), torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(1, 3), torch.tensor([0])
     )
     assert set(got.values()) == {0.0}
+
+
+def test_without_a_proxy_only_the_advantage_keys_are_reported():
+    g = torch.Generator().manual_seed(5)
+    mask = (torch.rand(8, 6, generator=g) < 0.8).long()
+    rewards, proxy, group_ids = torch.rand(8, generator=g), 2 * torch.rand(8, 6, generator=g), torch.arange(8) // 4
+    adv = rloo_advantages(rewards, proxy, mask, group_ids)
+    with_proxy = otb_diagnostics(rewards, adv, proxy, mask, group_ids)
+    without = otb_diagnostics(rewards, adv, None, mask, group_ids)
+    assert set(with_proxy) == set(ADVANTAGE_KEYS) | set(PROXY_KEYS)
+    assert list(without) == list(ADVANTAGE_KEYS)
+    assert without == {k: with_proxy[k] for k in ADVANTAGE_KEYS}
+    empty = otb_diagnostics(rewards, adv, None, torch.zeros_like(mask), group_ids)
+    assert empty == dict.fromkeys(ADVANTAGE_KEYS, 0.0)
+
+
+@pytest.mark.parametrize("estimator, has_proxy_keys", [("rloo", False), ("ogb", True)])
+def test_trainer_logs_proxy_keys_only_for_an_estimator_that_uses_the_proxy(
+    tiny_model_dir, tmp_path, estimator, has_proxy_keys
+):
+    args = make_args(tmp_path, advantage_estimator=estimator)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer._generate_and_score_completions(generation_inputs())
+    mode = "train" if trainer.model.training else "eval"
+    logged = {k.removeprefix("otb/") for k, v in trainer._metrics[mode].items() if k.startswith("otb/") and v}
+    assert set(ADVANTAGE_KEYS) <= logged
+    assert (set(PROXY_KEYS) <= logged) == has_proxy_keys
+    assert not (set(PROXY_KEYS) & logged) or has_proxy_keys

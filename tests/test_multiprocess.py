@@ -17,7 +17,7 @@ from test_trainer import independent_rollout_stats
 from transformers import AutoModelForCausalLM
 
 from trl_otb import otb_advantages
-from trl_otb.metrics import otb_diagnostics
+from trl_otb.core import otb_diagnostics
 
 WORKER = Path(__file__).parent / "multiprocess_worker.py"
 

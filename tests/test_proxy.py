@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_otb import logit_gradient_proxy, sum_pi_squared
-from trl_otb.proxy import uniform_proxy
+from trl_otb.core import uniform_proxy
 
 SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
 TEMPERATURES = [0.7, 1.0]

@@ -10,8 +10,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from trl_otb import OTBConfig, OTBTrainer, otb_advantages
-from trl_otb.baselines import grpo_advantages
+from trl_otb import OTBConfig, OTBTrainer, grpo_advantages, otb_advantages
 from trl_otb.config import TOKEN_LEVEL_LOSSES
 
 N = 4

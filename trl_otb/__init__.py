@@ -1,20 +1,21 @@
 """trl-otb: the Optimal Token Baseline (OTB) for GRPO training in Hugging Face TRL.
 
-The math (``otb_advantages`` and friends) imports only torch; ``OTBConfig`` and ``OTBTrainer``
+The math (``otb_advantages`` and friends, in ``trl_otb.core``) imports only torch; ``OTBConfig`` and ``OTBTrainer``
 import TRL on first use.
 """
 
-from .baselines import (
+from .core import (
     ESTIMATORS,
     compute_advantages,
     grpo_advantages,
+    logit_gradient_proxy,
     ogb_advantages,
     opo_advantages,
     otb_advantages,
     otb_terms,
     rloo_advantages,
+    sum_pi_squared,
 )
-from .proxy import logit_gradient_proxy, sum_pi_squared
 
 __version__ = "0.1.0"
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from .baselines import ALIGNS, ESTIMATORS, TAILS
+from .core import ALIGNS, ESTIMATORS, TAILS
 
 # The per-token weights training can use (trl_otb.fidelity compares more candidates, offline).
 TRAINING_PROXIES = ("logit", "uniform")

@@ -13,7 +13,7 @@ gradient w.r.t. the logits). This module computes both on a small batch and comp
 - proxies, all ``[B, T]`` (see :data:`PROXIES`), from the same forward pass:
 
   ========  ===================================================================================
-  logit     ``||e_y - pi||^2 = 1 - 2 pi(y) + sum_v pi(v)^2`` (the OTB proxy, :mod:`trl_otb.proxy`)
+  logit     ``||e_y - pi||^2 = 1 - 2 pi(y) + sum_v pi(v)^2`` (the OTB proxy, :mod:`trl_otb.core.proxy`)
   uniform   ``1``: W_t is the token count (the paper's "uniform" ablation)
   length    ``1`` per token, but the energy of every token of sequence i is its length L_i:
             OPO's sequence-level length weighting; its baseline is ``opo``'s
@@ -51,9 +51,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .baselines import opo_advantages, otb_terms
+from .core import logit_gradient_proxy, opo_advantages, otb_terms, sum_pi_squared
 from .fidelity_bnb import guard_4bit_cpu_repack, is_4bit_model
-from .proxy import logit_gradient_proxy, sum_pi_squared
 
 __all__ = [
     "PROXIES",

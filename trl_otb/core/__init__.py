@@ -1,0 +1,45 @@
+"""The math of trl-otb, torch only (no TRL import), usable from any training loop.
+
+- :mod:`.proxy`       per-token weights w_t from forward probabilities (``logit_gradient_proxy``, ``sum_pi_squared``)
+- :mod:`.otb`         the Optimal Token Baseline (``otb_advantages``, ``otb_terms``)
+- :mod:`.estimators`  OTB and the sequence-level baselines by name (``ESTIMATORS``, ``compute_advantages``)
+- :mod:`.diagnostics` the per-step ``otb/`` statistics (``otb_diagnostics``)
+- :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above
+"""
+
+from .diagnostics import otb_diagnostics
+from .estimators import (
+    ESTIMATORS,
+    GRPO_SCALES,
+    Estimator,
+    compute_advantages,
+    grpo_advantages,
+    ogb_advantages,
+    opo_advantages,
+    register_estimator,
+    rloo_advantages,
+)
+from .otb import ALIGNS, TAILS, OTBTerms, otb_advantages, otb_terms
+from .proxy import compute_dtype, logit_gradient_proxy, sum_pi_squared, uniform_proxy
+
+__all__ = [
+    "ALIGNS",
+    "ESTIMATORS",
+    "GRPO_SCALES",
+    "TAILS",
+    "Estimator",
+    "OTBTerms",
+    "compute_advantages",
+    "compute_dtype",
+    "grpo_advantages",
+    "logit_gradient_proxy",
+    "ogb_advantages",
+    "opo_advantages",
+    "otb_advantages",
+    "otb_diagnostics",
+    "otb_terms",
+    "register_estimator",
+    "rloo_advantages",
+    "sum_pi_squared",
+    "uniform_proxy",
+]

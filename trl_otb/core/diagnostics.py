@@ -1,0 +1,84 @@
+"""Per-step OTB diagnostics (logged under ``otb/``), computed from the tensors the baseline used.
+
+No TRL import. All inputs are the *gathered* generation batch, so every process logs the same values:
+``rewards [B]`` (NaN = unscorable), ``advantages [B, T]``, ``proxy [B, T]`` (or None), ``mask [B, T]``,
+``group_ids [B]``. Statistics run over valid rows (finite reward, mask not all 0) and their masked-in tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .groups import group_index, group_sum, valid_rows
+
+__all__ = ["ADVANTAGE_KEYS", "PROXY_KEYS", "otb_diagnostics"]
+
+# Always present.
+ADVANTAGE_KEYS = ("baseline_differs_frac", "advantage_mean", "advantage_std", "advantage_abs_max")
+# Present only when the estimator read a proxy (``proxy`` is not None).
+PROXY_KEYS = ("proxy_mean", "proxy_max", "energy_last_mean", "energy_last_max", "total_power")
+_ORDER = (*PROXY_KEYS[:4], *ADVANTAGE_KEYS, "total_power")  # the order they are logged in
+
+
+def otb_diagnostics(
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    proxy: torch.Tensor | None,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+) -> dict[str, float]:
+    """Diagnostics of one generation batch.
+
+    Args:
+        rewards: ``[B]`` (NaN = unscorable). advantages, mask: ``[B, T]``. group_ids: ``[B]``.
+        proxy: ``[B, T]`` the per-token weights the estimator used, or None when it used none (``grpo``, ``rloo``,
+            ``opo``: see ``ESTIMATORS[name].uses_proxy``); then the proxy keys are left out rather than describing
+            weights that played no part.
+
+    Returns a dict of floats. Always (:data:`ADVANTAGE_KEYS`):
+        ``baseline_differs_frac``: share of valid tokens whose baseline ``B_t = R - A_t`` differs from the
+        group's mean reward by more than 1e-6 (0 for GRPO; how far OTB moves away from it).
+        ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
+    With a proxy, also (:data:`PROXY_KEYS`):
+        ``proxy_mean``, ``proxy_max``: w_t over valid tokens.
+        ``energy_last_mean``, ``energy_last_max``: W at each valid sequence's last token (= sum_t w_t).
+        ``total_power``: ``mean_i(Abar_i^2 W_i)`` with Abar_i the token mean of A and W_i = sum_t w_t,
+        the reference's variance proxy, in logit-gradient units (the proxy's, not parameter space: it is not
+        comparable with ``grad_norm``, so no noise estimate is formed from the two).
+    A batch without a valid token gives 0.0 for every key.
+    """
+    keys = [k for k in _ORDER if proxy is not None or k in ADVANTAGE_KEYS]
+    valid = valid_rows(rewards, mask)
+    m = mask.bool() & valid[:, None]
+    mf = m.to(torch.float32)
+    R = torch.where(valid, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
+    A = advantages.float() * mf
+    n_tokens = mf.sum()
+    if n_tokens == 0:
+        return dict.fromkeys(keys, 0.0)
+
+    # Every statistic as a 0-d tensor, read back with one .tolist() (one sync instead of nine).
+    vf = valid.to(torch.float32)
+    n_valid = vf.sum()
+    gid, G = group_index(group_ids)
+    group_mean = (group_sum(R, gid, G) / group_sum(vf, gid, G).clamp(min=1))[gid]
+    baseline = R[:, None] - A
+    differs = ((baseline - group_mean[:, None]).abs() > 1e-6) & m
+    a_mean = A.sum() / n_tokens
+    stats = {
+        "baseline_differs_frac": differs.sum() / n_tokens,
+        "advantage_mean": a_mean,
+        "advantage_std": (((A - a_mean) * mf).pow(2).sum() / n_tokens).sqrt(),
+        "advantage_abs_max": A.abs().max(),
+    }
+    if proxy is not None:
+        w = torch.where(m, proxy.float(), torch.zeros_like(A))
+        energy_row = w.sum(dim=1)
+        a_bar = A.sum(dim=1) / mf.sum(dim=1).clamp(min=1)
+        neg_inf = torch.tensor(float("-inf"), device=A.device)
+        stats["proxy_mean"] = w.sum() / n_tokens
+        stats["proxy_max"] = torch.where(m, w, neg_inf).max()
+        stats["energy_last_mean"] = (energy_row * vf).sum() / n_valid
+        stats["energy_last_max"] = torch.where(valid, energy_row, neg_inf).max()
+        stats["total_power"] = (a_bar.pow(2) * energy_row * vf).sum() / n_valid
+    return dict(zip(keys, torch.stack([stats[k] for k in keys]).tolist()))
