@@ -117,7 +117,7 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
     assert batch["completion_ids"].size(0) == 4
     rewards = torch.tensor(reward.calls[-1])[:, None]
     mask = batch["completion_mask"].float()
-    # Every completion is its own group. A singleton's baseline is 0 (OTB.md section 2), so A = R on its tokens;
+    # Every completion is its own group. A singleton's baseline is 0 (otb_advantages' docstring), so A = R on its tokens;
     # 'grpo' is TRL's group mean, which is R itself for a singleton, so A = 0.
     expected = torch.zeros_like(mask) if estimator == "grpo" else rewards * mask
     torch.testing.assert_close(batch["advantages"], expected)

@@ -159,7 +159,7 @@ class OTBConfig(GRPOConfig):
                 "(4 is the paper's choice)."
             )
         # num_generations_eval=1 is allowed: evaluation takes no gradient step, and a singleton group has baseline 0
-        # (OTB.md section 2), so each evaluation completion's advantage is its reward.
+        # (docs/method.md; otb_advantages), so each evaluation completion's advantage is its reward.
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             _fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
         estimator = ESTIMATORS[self.advantage_estimator]

@@ -278,7 +278,8 @@ class OTBTrainer(GRPOTrainer):
 
     def _otb_log(self, groups: GatheredGroups, advantages: torch.Tensor, mode: str) -> None:
         """``otb/*`` metrics, and the completions table's advantage column."""
-        proxy = groups.proxy if self._otb_needs_sum_pi_sq or self.args.advantage_estimator == "otb" else None
+        # Estimators that use no per-token weight log no proxy statistics (they would show the uniform proxy).
+        proxy = groups.proxy if ESTIMATORS[self.args.advantage_estimator].uses_proxy else None
         diagnostics = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids)
         for name, value in diagnostics.items():
             self._metrics[mode][f"otb/{name}"].append(value)
