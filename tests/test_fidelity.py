@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trl_otb.fidelity import (
+    CANDIDATE_PROXIES,
     FidelityReport,
     fidelity_check,
     fidelity_metrics,
@@ -135,7 +136,7 @@ def test_fidelity_check_report(tiny_model, tiny_tokenizer):
     assert report.path == "full" and report.rewards == "random(seed=0)"
     assert report.num_tokens == int(batch["completion_mask"].sum())
     assert -1 <= report.token_spearman <= 1 and report.baseline_rel_diff >= 0
-    assert set(report.proxies) == {"logit", "uniform", "length", "head", "hidden"}
+    assert set(report.proxies) == set(CANDIDATE_PROXIES) == {"logit", "uniform", "length", "head", "hidden"}
     assert report.values["exact"].shape == (report.num_tokens,)
     assert tiny_model.training is False or tiny_model.training is True  # mode restored, never raises
     assert all(p.grad is None for p in tiny_model.parameters())
