@@ -35,7 +35,7 @@ def messages() -> list[tuple[str, str, str]]:
     """(module, exception, message) for every raise with a literal message, in source order."""
     found = []
     for path in sorted((ROOT / "trl_otb").rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT / "trl_otb").with_suffix("").parts)  # e.g. core.checks
+        module = ".".join(path.relative_to(ROOT / "trl_otb").with_suffix("").parts).removesuffix(".__init__")
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             call = None

@@ -2,21 +2,25 @@
 
 import json
 import math
+import sys
 import warnings
 
 import pytest
 import torch
 
 from trl_otb.fidelity import (
+    CANDIDATE_PROXIES,
+    FidelityReport,
     fidelity_check,
     fidelity_metrics,
+    plot_reports,
     prepare_peft_model,
     run_fidelity_check,
     sample_completions,
     spearman,
     token_statistics,
 )
-from trl_otb.fidelity_bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
+from trl_otb.fidelity.bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
 
 PROMPTS = ["hi", "count: 1 2 3"]
 TEMPERATURE = 0.7
@@ -132,7 +136,7 @@ def test_fidelity_check_report(tiny_model, tiny_tokenizer):
     assert report.path == "full" and report.rewards == "random(seed=0)"
     assert report.num_tokens == int(batch["completion_mask"].sum())
     assert -1 <= report.token_spearman <= 1 and report.baseline_rel_diff >= 0
-    assert set(report.proxies) == {"logit", "uniform", "length", "head", "hidden"}
+    assert set(report.proxies) == set(CANDIDATE_PROXIES) == {"logit", "uniform", "length", "head", "hidden"}
     assert report.values["exact"].shape == (report.num_tokens,)
     assert tiny_model.training is False or tiny_model.training is True  # mode restored, never raises
     assert all(p.grad is None for p in tiny_model.parameters())
@@ -156,6 +160,21 @@ def test_cli_writes_the_json_schema_and_plot(tiny_model_dir, tmp_path, capsys):
     assert data["paths"]["full"]["num_trainable_params"] > data["paths"]["lora"]["num_trainable_params"]
     assert png.stat().st_size > 1000
     assert "logit" in capsys.readouterr().out
+
+
+def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch, tmp_path):
+    from trl_otb.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the plots extra sees
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    report = FidelityReport("full", 1, 1, 1, 1.0, "given", 0.0, 0.0, {}, {"exact": torch.ones(1)})
+    with pytest.raises(ImportError, match=r"pip install 'trl-otb\[plots\]'"):
+        plot_reports({"full": report}, str(tmp_path / "never.png"))
+    # The command checks before loading any model: a path that does not exist is never reached.
+    argv = ["fidelity", "--model", str(tmp_path / "no-model"), "--plot", str(tmp_path / "never.png")]
+    with pytest.raises(SystemExit, match=r"pip install 'trl-otb\[plots\]' \(or pass no plot option"):
+        main(argv)
+    assert not (tmp_path / "never.png").exists()
 
 
 # --------------------------------------------------------------------------- 4-bit on CPU

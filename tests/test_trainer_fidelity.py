@@ -11,7 +11,7 @@ from test_fidelity import _load_qlora, repack_4bit_layers, tiny_4bit_dir  # noqa
 from test_trainer import RecordingReward, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer
-from trl_otb.fidelity_bnb import packed_4bit_layers
+from trl_otb.fidelity.bnb import packed_4bit_layers
 
 
 def test_fidelity_check_logs_metrics_at_the_configured_steps(tiny_model_dir, tmp_path):

@@ -31,7 +31,7 @@ from .card import trainer_model_card
 from .config import OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
-from .fidelity_bnb import guard_4bit_cpu_repack
+from .fidelity.bnb import guard_4bit_cpu_repack
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the

@@ -74,7 +74,7 @@ def guard_4bit_cpu_repack(model: torch.nn.Module, *, restore: bool = False) -> i
         raise RuntimeError(
             f"{len(packed)} 4-bit layer(s) ({names}) were already repacked by bitsandbytes for CPU inference "
             "(an eval-mode forward without gradients, e.g. `generate`, ran before the guard), and gradients "
-            "through them are wrong from now on. Call `trl_otb.fidelity_bnb.guard_4bit_cpu_repack(model)` "
+            "through them are wrong from now on. Call `trl_otb.fidelity.bnb.guard_4bit_cpu_repack(model)` "
             "right after loading the model, reload it, or pass `restore=True` to unpack them."
         )
     if packed:
