@@ -17,7 +17,14 @@ import torch
 from trl_otb import OTBConfig
 from trl_otb.card import CardResults, build_model_card
 from trl_otb.recipes import models
-from trl_otb.recipes.hub import HubPreflightError, base_model_hub_id, base_model_license, hub_offline, preflight_hub
+from trl_otb.recipes.hub import (
+    HubPreflightError,
+    base_model_description,
+    base_model_hub_id,
+    base_model_license,
+    hub_offline,
+    preflight_hub,
+)
 from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -326,6 +333,11 @@ def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
     assert base_model_hub_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert base_model_license(EMBEDDED_HUB_ID) == "apache-2.0"
     assert base_model_license("Qwen/Qwen2.5-0.5B-Instruct") is None  # offline: not known
+    described = base_model_description(EMBEDDED_HUB_ID, tmp_path)
+    assert described.startswith(f"[{EMBEDDED_HUB_ID}](https://huggingface.co/{EMBEDDED_HUB_ID})")
+    assert "dequantized from the Q4_1 GGUF" in described
+    assert base_model_description(EMBEDDED_HUB_ID, tmp_path.parent) is None  # the Hub checkpoint itself: its link
+    assert base_model_description("acme/tiny", tmp_path) is None
 
 
 def test_card_of_a_pushed_model_loads_the_hub_repo(tmp_path, check_model_card):
