@@ -2,5 +2,5 @@
 (:mod:`.data`), math rewards (:mod:`.rewards`) and publishing on the Hugging Face Hub (:mod:`.hub`).
 
 Nothing is imported here: each module is imported on its own (``from trl_otb.recipes.models import ...``), so that
-loading a model does not import math-verify, nor the rewards the datasets library.
+loading a model imports neither math-verify (the rewards) nor datasets (the data).
 """
