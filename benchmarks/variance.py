@@ -702,9 +702,9 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
             return [float((len(x) + (int(x[0]) if len(x) else 0) + p) % 2) for x in ids]
 
         return model, tokenizer, prompts, reward
-    from trl_otb.data import load_math_dataset
-    from trl_otb.models import load_model_and_tokenizer
-    from trl_otb.rewards import accuracy_reward
+    from trl_otb.recipes.data import load_math_dataset
+    from trl_otb.recipes.models import load_model_and_tokenizer
+    from trl_otb.recipes.rewards import accuracy_reward
 
     model, tokenizer = load_model_and_tokenizer(dtype=torch.float32)
     if task == "count":

@@ -30,17 +30,17 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 from trl.models.utils import unwrap_model_for_generation
 
 from trl_otb import OTBConfig, OTBTrainer
-from trl_otb.card import CardResults, base_model_hub_id
-from trl_otb.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
-from trl_otb.hub import HubPreflightError, preflight_hub
-from trl_otb.models import (
+from trl_otb.card import CardResults
+from trl_otb.recipes.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
+from trl_otb.recipes.hub import HubPreflightError, base_model_hub_id, preflight_hub
+from trl_otb.recipes.models import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
     EmbeddedModelUnavailableError,
     ModelNotAvailableError,
     load_model_and_tokenizer,
 )
-from trl_otb.rewards import accuracy_reward, format_reward
+from trl_otb.recipes.rewards import accuracy_reward, format_reward
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent / "recipes" / "cpu_smollm2.yaml"
 CPU_DEFAULTS = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
@@ -251,6 +251,17 @@ def completion_tokens(log_history: list[dict], args: OTBConfig, world_size: int)
     return round(total)
 
 
+def require_matplotlib() -> None:
+    """Fail before training, not after it, when `training.png` cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(
+            "error: this example plots its training curves (training.png) with matplotlib, which is not installed. "
+            "Install trl-otb's `plots` extra: `pip install 'trl-otb[plots]'`."
+        ) from err
+
+
 def plot_training(log_history: list[dict], summary: dict, path: Path) -> None:
     """Reward, accuracy and every `otb/` diagnostic against the step, one panel each."""
     import matplotlib
@@ -288,6 +299,7 @@ def plot_training(log_history: list[dict], summary: dict, path: Path) -> None:
 
 def main(script_args, math_args, training_args, model_args) -> dict:
     start = time.perf_counter()
+    require_matplotlib()
     if training_args.push_to_hub:  # fail now, not after an hour of training
         try:
             hub_id = training_args.hub_model_id or Path(training_args.output_dir).name

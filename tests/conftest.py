@@ -14,7 +14,7 @@ Fixtures:
       (``[{"role": "user", "content": ...}]``) and plain-text prompts both work.
 - ``tiny_model`` / ``tiny_tokenizer`` (function): fresh copies loaded from ``tiny_model_dir``.
 - ``smollm2_dir`` (session): the embedded SmolLM2-135M-Instruct converted to a plain checkpoint
-  (``trl_otb.models.embedded_model_path()``; ~25 s the first time on a machine, then cached in
+  (``trl_otb.recipes.models.embedded_model_path()``; ~25 s the first time on a machine, then cached in
   ``$TRL_OTB_CACHE`` or ``~/.cache/trl-otb``). Mark tests using it ``@pytest.mark.slow``.
 
 Also set for every test: ``HF_HUB_OFFLINE=1`` (tests never touch the Hub), and
@@ -129,7 +129,7 @@ def tiny_tokenizer(tiny_model_dir):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """Directory (str) of the embedded SmolLM2-135M-Instruct as a plain checkpoint (slow tests only)."""
-    from trl_otb.models import embedded_model_path
+    from trl_otb.recipes.models import embedded_model_path
 
     return embedded_model_path()
 

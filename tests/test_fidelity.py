@@ -198,7 +198,7 @@ def tiny_4bit_dir(tmp_path_factory, tiny_tokenizer):
 
 def _load_qlora(path):
     pytest.importorskip("bitsandbytes")
-    from trl_otb.models import load_model_and_tokenizer
+    from trl_otb.recipes.models import load_model_and_tokenizer
 
     try:
         model, _ = load_model_and_tokenizer(path, quantization="4bit", dtype=torch.float32, device_map="cpu")
@@ -290,7 +290,7 @@ def test_peft_path_must_match_the_model(tiny_model):
 
 @pytest.mark.slow
 def test_fidelity_on_smollm2_lora(smollm2_dir):
-    from trl_otb.models import load_model_and_tokenizer
+    from trl_otb.recipes.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(smollm2_dir, dtype=torch.float32)
     report = run_fidelity_check(model, tokenizer, ["What is 2 + 3?"], num_samples=2, max_new_tokens=4, peft="lora")

