@@ -106,11 +106,10 @@ def advantage_gap(ranks: list[dict], replayed: list[dict]) -> float:
 def check_split_batches(ranks: list[dict]) -> None:
     """The batches the replay compares really split a group across ranks, with unequal completion widths."""
     assert all(r["engagement"]["world_size"] == 2 for r in ranks)
+    every_prompt = sorted({str(x["prompt"]) for x in split_group_dataset()})
     for a, b in zip(ranks[0]["records"], ranks[1]["records"]):
         prompts = a["prompts"] + b["prompts"]
-        assert len(prompts) == 3 * N and sorted(set(prompts)) == sorted(
-            {str(x["prompt"]) for x in split_group_dataset()}
-        )
+        assert len(prompts) == 3 * N and sorted(set(prompts)) == every_prompt
         assert len(set(prompts[N : 2 * N])) == 1 and prompts[N : 2 * N] == a["prompts"][-2:] + b["prompts"][:2]
     widths = [max(rec["completion_ids"].size(1) for rec in r["records"]) for r in ranks]
     assert widths[0] <= 5 < widths[1]
