@@ -30,7 +30,12 @@ import torch  # noqa: E402
 
 from trl_otb import OTBTrainer  # noqa: E402
 from trl_otb.testing import MAX_NEW_TOKENS, split_group_dataset, split_group_reward  # noqa: E402
-from trl_otb.testing.sharded_cpu import RecordingTrainer, engagement, install_from_environment, sharded_config  # noqa: E402
+from trl_otb.testing.sharded_cpu import (  # noqa: E402
+    RecordingTrainer,
+    engagement,
+    install_from_environment,
+    sharded_config,
+)
 
 ZERO3 = {
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},

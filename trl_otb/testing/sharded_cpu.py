@@ -115,7 +115,10 @@ def install_from_environment() -> None:
 
 
 def sharded_config(output_dir: str, mode: str, **overrides):
-    """The sharded runs' ``OTBConfig`` for MODE (tests/sharded_worker.py); the replay uses per_device_train_batch_size=12."""
+    """The sharded runs' ``OTBConfig`` for MODE (tests/sharded_worker.py).
+
+    The single-process replay uses it with per_device_train_batch_size=12.
+    """
     values = dict(
         output_dir=output_dir,
         gradient_checkpointing=True,
