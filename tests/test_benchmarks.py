@@ -230,8 +230,7 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
 
 
 def test_overhead_pieces_time_each_piece():
-    import overhead
-
+    overhead = load_script(ROOT / "benchmarks" / "overhead.py")
     pieces = overhead.time_pieces(repeats=3)
     assert set(pieces) == {"collector_per_token", "otb_advantages", "otb_diagnostics"}
     assert all(us > 0 for us in pieces.values())
