@@ -41,7 +41,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 SHAPES = {
     # Qwen2.5-0.5B's config.json shapes.
@@ -256,7 +255,8 @@ def run_overhead(args) -> Path:
     import tempfile
 
     import torch
-    from conftest import build_tiny_tokenizer
+
+    from trl_otb.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -359,7 +359,8 @@ def fused_forwards(model):
 
 def run_fused_head(args) -> Path:
     import torch
-    from conftest import build_tiny_tokenizer
+
+    from trl_otb.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

@@ -19,8 +19,8 @@ forward). Off-policy (``steps_per_generation=2``) TRL runs that pass itself and 
 With ``--vllm`` (in the vLLM venv, ``make setup-vllm``) both trainers generate with vLLM colocate on CPU, with TRL's
 importance-sampling correction on (TRL runs the log-prob pass; sum pi^2 rides along) and off (TRL runs no pass; OTB
 runs one extra no-grad forward). TRL's weight sync cannot run on CPU; both trainers use the test suite's
-replacement (``tests/vllm_cpu.py``), so its cost is the same on both sides of each ratio. The tiny model then has
-32-dim heads, the smallest vLLM's CPU attention takes.
+replacement (``trl_otb.testing.vllm_cpu``), so its cost is the same on both sides of each ratio. The tiny model then
+has 32-dim heads, the smallest vLLM's CPU attention takes.
 """
 
 from __future__ import annotations
@@ -57,11 +57,10 @@ def cheap_reward(completion_ids, **kwargs):
     return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
 
 
-def build_model(name: str, workdir: Path, vllm: bool = False):
+def model_tokenizer_and_peft(name: str, workdir: Path, vllm: bool = False):
     """(model or path, tokenizer, peft_config) for a benchmark model (a path for vLLM, which loads it itself)."""
     if name == "tiny":
-        sys.path.insert(0, str(HERE.parent / "tests"))
-        from conftest import build_tiny_model, build_tiny_tokenizer
+        from trl_otb.testing import build_tiny_model, build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, **({"head_dim": 32} if vllm else {}))
@@ -87,8 +86,7 @@ def worker(args) -> dict:
 
     vllm = args.policy.startswith("vllm")
     if vllm:
-        sys.path.insert(0, str(HERE.parent / "tests"))
-        import vllm_cpu
+        from trl_otb.testing import vllm_cpu
 
         os.environ.update(vllm_cpu.CPU_ENV)
     import torch
@@ -107,7 +105,7 @@ def worker(args) -> dict:
     spg = policy.get("steps_per_generation", 1)
     warmup, steps = args.warmup * spg, args.steps * spg
     workdir = Path(args.workdir)
-    model, tokenizer, peft_config = build_model(args.model, workdir, vllm)
+    model, tokenizer, peft_config = model_tokenizer_and_peft(args.model, workdir, vllm)
     prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(64)]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
     common = dict(
@@ -226,9 +224,7 @@ def time_pieces(repeats: int = 2000) -> dict[str, float]:
     from trl_otb import otb_advantages
     from trl_otb.core import otb_diagnostics
     from trl_otb.rollout_stats import RolloutStatsCollector
-
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    from conftest import build_tiny_tokenizer
+    from trl_otb.testing import build_tiny_tokenizer
 
     torch.manual_seed(0)
     B, T, V = (

@@ -46,13 +46,12 @@ DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say 
 DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 
 
-def build_model(name: str):
-    sys.path.insert(0, str(HERE.parent / "tests"))
+def model_and_tokenizer(name: str):
     if name == "embedded":
         from trl_otb.recipes.models import load_model_and_tokenizer
 
         return load_model_and_tokenizer(dtype=torch.float32)
-    from conftest import build_tiny_model, build_tiny_tokenizer
+    from trl_otb.testing import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     if name == "tiny":
@@ -176,7 +175,7 @@ def run_arm(arm: str, seed: int, args) -> dict:
         torch.set_num_threads(args.threads)
     estimator, N = ARMS[arm]
     set_seed(seed)
-    model, tokenizer = build_model(args.model)
+    model, tokenizer = model_and_tokenizer(args.model)
     data_seed = seed if args.data_seed is None else args.data_seed
     train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, data_seed, args.digits_len)
     consumed = {"tokens": 0}

@@ -691,8 +691,7 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
     ``num_prompts`` is the length of the candidate list (math, quick); a fixed list, so that prompt i is the same
     prompt in every invocation."""
     if quick:
-        sys.path.insert(0, str(HERE.parent / "tests"))
-        from conftest import build_tiny_model, build_tiny_tokenizer
+        from trl_otb.testing import build_tiny_model, build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)

@@ -16,21 +16,12 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from pathlib import Path  # noqa: E402
+
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
 
-from trl_otb import OTBConfig, OTBTrainer  # noqa: E402
-
-N = 4
-MAX_NEW_TOKENS = {0: 5, 1: 12}
-
-
-def reward(prompts, completion_ids, **kwargs):
-    """Deterministic in the completion, so the test can recompute it; None for the unscorable prompt."""
-    return [
-        None if "unscorable" in str(prompt) else float(len(ids) % 3) + 0.25 * (ids[0] % 2)
-        for prompt, ids in zip(prompts, completion_ids)
-    ]
+from trl_otb import OTBTrainer  # noqa: E402
+from trl_otb.testing import MAX_NEW_TOKENS, make_args, split_group_dataset, split_group_reward  # noqa: E402
 
 
 class SavingTrainer(OTBTrainer):
@@ -46,24 +37,14 @@ class SavingTrainer(OTBTrainer):
 
 
 def main(model_dir: str, out_dir: str) -> None:
-    prompts = ["what is 1 + 1?", "unscorable: what is 2 + 2?", "what is 3 + 3?"]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
-    args = OTBConfig(
+    args = make_args(
+        Path(out_dir),
         output_dir=os.path.join(out_dir, "run"),
-        use_cpu=True,
-        bf16=False,
+        gradient_checkpointing=True,
         per_device_train_batch_size=2,
         steps_per_generation=3,
-        num_generations=N,
-        max_completion_length=12,
-        max_steps=1,
-        temperature=0.7,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
     )
-    trainer = SavingTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer = SavingTrainer(model_dir, reward_funcs=split_group_reward, args=args, train_dataset=split_group_dataset())
     trainer._out_dir = out_dir
     trainer.generation_config.max_new_tokens = MAX_NEW_TOKENS[trainer.accelerator.process_index]
     trainer.train()

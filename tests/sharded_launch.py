@@ -1,6 +1,6 @@
-"""Test-only launcher for `accelerate launch` on CPU: installs the switches of tests/sharded_cpu.py named by the
-environment, runs a script as __main__, and after OTBTrainer.train() saves each rank's evidence that the engine
-engaged (tests/sharded_worker.py:engagement) to $TRL_OTB_TEST_EVIDENCE/engaged{rank}.pt, and the evaluation
+"""Test-only launcher for `accelerate launch` on CPU: installs the switches of trl_otb.testing.sharded_cpu named
+by the environment, runs a script as __main__, and after OTBTrainer.train() saves each rank's evidence that the engine
+engaged (trl_otb.testing.sharded_cpu.engagement) to $TRL_OTB_TEST_EVIDENCE/engaged{rank}.pt, and the evaluation
 rows each rank scored (examples/math_otb.py gathers them with accelerate's gather_object) to eval_rows{rank}.pt.
 
 Usage: accelerate launch --config_file CONFIG ... tests/sharded_launch.py SCRIPT [SCRIPT ARGS]
@@ -12,16 +12,12 @@ import os
 import runpy
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+import torch
 
-import sharded_cpu  # noqa: E402
+from trl_otb import OTBTrainer
+from trl_otb.testing.sharded_cpu import engagement, install_from_environment
 
-sharded_cpu.install_from_environment()
-
-import torch  # noqa: E402
-from sharded_worker import engagement  # noqa: E402
-
-from trl_otb import OTBTrainer  # noqa: E402
+install_from_environment()
 
 _train = OTBTrainer.train
 

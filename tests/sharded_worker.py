@@ -2,7 +2,7 @@
 
 Usage: torchrun --nproc_per_node 2 tests/sharded_worker.py ENGINE MODE MODEL_DIR OUT_DIR
 
-ENGINE: ``fsdp2`` (accelerate's FSDP2 path on CPU through the test-only switch of tests/sharded_cpu.py; the
+ENGINE: ``fsdp2`` (accelerate's FSDP2 path on CPU through the test-only switch of trl_otb.testing.sharded_cpu; the
 environment carries what `accelerate launch` would export) or ``zero3`` (DeepSpeed ZeRO-3, DS_ACCELERATOR=cpu).
 
 MODE:
@@ -25,16 +25,18 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(__file__))
 
-import sharded_cpu  # noqa: E402
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from multiprocess_worker import MAX_NEW_TOKENS, N, reward  # noqa: E402
 
-from trl_otb import OTBConfig, OTBTrainer  # noqa: E402
+from trl_otb import OTBTrainer  # noqa: E402
+from trl_otb.testing import MAX_NEW_TOKENS, split_group_dataset, split_group_reward  # noqa: E402
+from trl_otb.testing.sharded_cpu import (  # noqa: E402
+    RecordingTrainer,
+    engagement,
+    install_from_environment,
+    sharded_config,
+)
 
-PROMPTS = ["what is 1 + 1?", "unscorable: what is 2 + 2?", "what is 3 + 3?"]
 ZERO3 = {
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
     "train_batch_size": "auto",
@@ -43,87 +45,6 @@ ZERO3 = {
     "gradient_clipping": "auto",
     "zero_allow_untested_optimizer": True,  # the Trainer's torch SGD
 }
-
-
-def dataset() -> Dataset:
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
-
-
-def config(output_dir: str, mode: str, **overrides) -> OTBConfig:
-    """The training configuration; the single-process replay uses it with per_device_train_batch_size=12."""
-    values = dict(
-        output_dir=output_dir,
-        bf16=False,
-        per_device_train_batch_size=6,
-        steps_per_generation=1,
-        num_generations=N,
-        max_completion_length=12,
-        num_iterations=2 if mode == "iter2" else 1,
-        max_steps=4 if mode == "iter2" else 2,
-        # SGD: the final weights then compare the gradients. Adam divides each coordinate by its own gradient scale,
-        # so coordinates whose gradient is ~0 move by ~lr on float rounding alone (measured: weights 8e-3 apart
-        # after 4 Adam steps at lr 1e-2 with num_iterations=2, 6e-8 with SGD).
-        optim="sgd",
-        learning_rate=0.1,
-        temperature=0.7,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        otb_fidelity_check_steps=1 if mode == "onpolicy" else 0,
-    )
-    return OTBConfig(**{**values, **overrides})
-
-
-class RecordingTrainer(OTBTrainer):
-    """Records every generation batch: the completions `generate` produced, and what OTB made of them."""
-
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
-        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        self._record = {"prompt_id_lists": [list(p) for p in prompt_ids], "completion_id_lists": completion_ids}
-        return completion_ids, logprobs
-
-    def _otb_gather(self, batch, proxy, rewards):
-        groups = super()._otb_gather(batch, proxy, rewards)
-        self._rewards = groups.rewards[groups.rows].cpu()
-        return groups
-
-    def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
-        record = self._record
-        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
-        record.update({k: batch[k].detach().cpu() for k in keys})
-        record["prompts"] = [str(x["prompt"]) for x in inputs]
-        record["rewards"] = self._rewards
-        record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
-        self.records.append(record)
-        return batch
-
-
-def engagement(trainer) -> dict:
-    """Evidence, read outside any forward, that the engine sharded the model."""
-    from accelerate.utils import DistributedType
-
-    head = trainer.model.get_output_embeddings().weight
-    out = {
-        "distributed_type": str(trainer.accelerator.distributed_type),
-        "world_size": trainer.accelerator.num_processes,
-    }
-    if trainer.accelerator.distributed_type == DistributedType.FSDP:
-        from torch.distributed.tensor import DTensor
-
-        out["head_is_dtensor"] = isinstance(head, DTensor)
-        out["head_local_rows"] = head.to_local().shape[0] if isinstance(head, DTensor) else head.shape[0]
-        out["head_rows"] = head.shape[0]
-    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
-        from deepspeed import DeepSpeedEngine
-
-        out["head_local_numel"] = head.numel()
-        out["head_ds_numel"] = getattr(head, "ds_numel", None)
-        out["engine"] = type(trainer.model_wrapped).__name__
-        out["is_ds_engine"] = isinstance(trainer.model_wrapped, DeepSpeedEngine)
-        out["zero_stage"] = trainer.model_wrapped.zero_optimization_stage()
-    return out
 
 
 class NoGatherTrainer(RecordingTrainer):
@@ -142,9 +63,9 @@ def train(engine: str, mode: str, model_dir: str, out_dir: str) -> None:
     extra = {"deepspeed": ZERO3} if engine == "zero3" else {}
     if mode == "nogather":
         extra.update(max_steps=1, otb_fidelity_check_steps=0)
-    args = config(os.path.join(out_dir, "run"), mode, use_cpu=engine == "fsdp2", **extra)
+    args = sharded_config(os.path.join(out_dir, "run"), mode, use_cpu=engine == "fsdp2", **extra)
     trainer = (NoGatherTrainer if mode == "nogather" else RecordingTrainer)(
-        model_dir, reward_funcs=reward, args=args, train_dataset=dataset()
+        model_dir, reward_funcs=split_group_reward, args=args, train_dataset=split_group_dataset()
     )
     trainer.records = []
     rank = trainer.accelerator.process_index
@@ -194,15 +115,21 @@ def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
     from peft import LoraConfig
 
     # First: the fidelity check with a PEFT model under FSDP2 is refused when the trainer is built.
-    args = config(os.path.join(out_dir, "peft"), "onpolicy", use_cpu=True)
+    args = sharded_config(os.path.join(out_dir, "peft"), "onpolicy", use_cpu=True)
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     try:
-        OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset(), peft_config=lora)
+        OTBTrainer(
+            model_dir,
+            reward_funcs=split_group_reward,
+            args=args,
+            train_dataset=split_group_dataset(),
+            peft_config=lora,
+        )
         peft_message = None
     except ValueError as error:
         peft_message = str(error)
-    args = config(os.path.join(out_dir, "run"), "onpolicy", use_cpu=True, otb_fidelity_check_steps=0)
-    trainer = OTBTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
+    args = sharded_config(os.path.join(out_dir, "run"), "onpolicy", use_cpu=True, otb_fidelity_check_steps=0)
+    trainer = OTBTrainer(model_dir, reward_funcs=split_group_reward, args=args, train_dataset=split_group_dataset())
     rank = trainer.accelerator.process_index
     try:
         trainer.train()
@@ -215,7 +142,7 @@ def refuses_lm_head_unit(model_dir: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     engine, mode, model_dir, out_dir = sys.argv[1:5]
-    sharded_cpu.install_from_environment()
+    install_from_environment()
     if mode == "lmhead":
         lm_head_unit(model_dir, out_dir)
     elif mode == "refuse":

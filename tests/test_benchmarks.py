@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from trl_otb.testing import load_script
 
-import sample_efficiency  # noqa: E402
-import variance  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
+variance = load_script(ROOT / "benchmarks" / "variance.py")
 
 
 def tiny_pool(tiny_model, M=4, L=7, prompt_len=5, seed=0):
@@ -230,8 +230,7 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
 
 
 def test_overhead_pieces_time_each_piece():
-    import overhead
-
+    overhead = load_script(ROOT / "benchmarks" / "overhead.py")
     pieces = overhead.time_pieces(repeats=3)
     assert set(pieces) == {"collector_per_token", "otb_advantages", "otb_diagnostics"}
     assert all(us > 0 for us in pieces.values())

@@ -10,12 +10,11 @@ import itertools
 import pytest
 import torch
 import trl
-from test_tool_calling import tool_ready_model
-from test_trainer import N, RecordingReward, independent_rollout_stats, make_args, prompts_dataset
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 import trl_otb.compat as compat
 from trl_otb import OTBConfig, OTBTrainer, otb_advantages
+from trl_otb.testing import N, RecordingReward, independent_rollout_stats, make_args, prompts_dataset, tool_ready_model
 
 
 def test_signature_is_grpotrainers():
@@ -53,7 +52,7 @@ class CountingEnv:
 
 
 def test_environment_owned_rewards_train_with_otb_advantages(tiny_model_dir, tmp_path):
-    model, tokenizer = tool_ready_model(tiny_model_dir, tmp_path)
+    model, tokenizer = tool_ready_model(tiny_model_dir)
     args = make_args(tmp_path, max_completion_length=8, max_tool_calling_iterations=1, learning_rate=1e-2)
     trainer = OTBTrainer(
         model, args=args, train_dataset=prompts_dataset(), processing_class=tokenizer, environment_factory=CountingEnv
@@ -104,16 +103,12 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
         eval_strategy="steps",
         eval_steps=1,
     )
-    reward = RecordingReward()
+    reward, eval_prompts = RecordingReward(), prompts_dataset(4)
     trainer = OTBTrainer(
-        tiny_model_dir,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=prompts_dataset(),
-        eval_dataset=prompts_dataset(4),
+        tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset(), eval_dataset=eval_prompts
     )
     trainer.model.eval()
-    batch = trainer._generate_and_score_completions(prompts_dataset(4).to_list())
+    batch = trainer._generate_and_score_completions(eval_prompts.to_list())
     assert batch["completion_ids"].size(0) == 4
     rewards = torch.tensor(reward.calls[-1])[:, None]
     mask = batch["completion_mask"].float()

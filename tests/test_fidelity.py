@@ -21,6 +21,8 @@ from trl_otb.fidelity import (
     token_statistics,
 )
 from trl_otb.fidelity.bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
+from trl_otb.testing import load_qlora as _load_qlora
+from trl_otb.testing import repack_4bit_layers
 
 PROMPTS = ["hi", "count: 1 2 3"]
 TEMPERATURE = 0.7
@@ -180,33 +182,6 @@ def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- 4-bit on CPU
 
 
-@pytest.fixture
-def tiny_4bit_dir(tmp_path_factory, tiny_tokenizer):
-    """A tiny Llama with 64-wide layers (bitsandbytes' CPU repack needs in_features >= its block size 64)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, eos_token_id=tiny_tokenizer.eos_token_id,
-        pad_token_id=tiny_tokenizer.pad_token_id, bos_token_id=None,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("tiny-4bit")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tiny_tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def _load_qlora(path):
-    pytest.importorskip("bitsandbytes")
-    from trl_otb.recipes.models import load_model_and_tokenizer
-
-    try:
-        model, _ = load_model_and_tokenizer(path, quantization="4bit", dtype=torch.float32, device_map="cpu")
-    except Exception as err:  # pragma: no cover - depends on the bitsandbytes build
-        pytest.skip(f"bitsandbytes cannot load a 4-bit model on this CPU: {err}")
-    return model
-
-
 def _adapter_grads(model, ids):
     model.train()
     model.zero_grad()
@@ -231,27 +206,6 @@ def test_guard_keeps_qlora_gradients_after_eval_and_generate(tiny_4bit_dir):
     assert all(g is not None and g.abs().sum() > 0 for g in after.values())
     for name, grad in after.items():
         torch.testing.assert_close(grad, before[name], rtol=1e-5, atol=1e-7, msg=name)
-
-
-def repack_4bit_layers(model, ids, how: str) -> None:
-    """Put ``model``'s 4-bit layers into bitsandbytes' CPU inference layout, as its eval-mode forward does.
-
-    ``how="forward"``: the real trap, an eval-mode no-grad forward; bitsandbytes repacks only on CPUs with
-    AVX512-BF16, so this branch is skipped elsewhere. ``how="simulated"``: the repack that forward would do, by
-    bitsandbytes' own conversion (pure torch, any CPU), so the detection and restore paths are tested everywhere.
-    """
-    from bitsandbytes.functional import _convert_weight_packed_for_cpu, has_avx512bf16
-
-    if how == "forward":
-        if not has_avx512bf16():
-            pytest.skip("the CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo): bitsandbytes never repacks here")
-        model.eval()
-        with torch.no_grad():
-            model(input_ids=ids)  # the trap: eval mode, no grad, on CPU
-        return
-    for _, module in linear4bit_modules(model):
-        weight = module.weight
-        weight.data, weight.quant_state = _convert_weight_packed_for_cpu(weight.data, weight.quant_state)
 
 
 @pytest.mark.parametrize("how", ["forward", "simulated"])

@@ -4,9 +4,16 @@ and is 0 wherever no other member is active at t."""
 from __future__ import annotations
 
 import torch
-from test_trainer import N, RecordingReward, generation_inputs, independent_rollout_stats, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer, otb_advantages
+from trl_otb.testing import (
+    N,
+    RecordingReward,
+    generation_inputs,
+    independent_rollout_stats,
+    make_args,
+    prompts_dataset,
+)
 
 
 def test_leave_one_out_hand_computed_with_a_lone_member_getting_zero_baseline():

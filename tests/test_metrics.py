@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from test_trainer import RecordingReward, generation_inputs, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer, otb_advantages, rloo_advantages
 from trl_otb.core import otb_diagnostics
 from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
+from trl_otb.testing import RecordingReward, generation_inputs, make_args, prompts_dataset
 
 
 def reference(rewards, adv, proxy, mask, group_ids):

@@ -5,31 +5,20 @@ concatenation of their completions."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from multiprocess_worker import N, reward
-from test_trainer import independent_rollout_stats
 from transformers import AutoModelForCausalLM
 
 from trl_otb import otb_advantages
 from trl_otb.core import otb_diagnostics
+from trl_otb.testing import N, free_port, independent_rollout_stats, pad_to
+from trl_otb.testing import split_group_reward as reward
 
 WORKER = Path(__file__).parent / "multiprocess_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, width - x.size(1)))
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,17 @@ import types
 
 import pytest
 import torch
-from test_trainer import N, RecordingReward, generation_inputs, independent_rollout_stats, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer, otb_advantages
+from trl_otb.testing import (
+    N,
+    RecordingReward,
+    generation_inputs,
+    independent_ratio,
+    independent_rollout_stats,
+    make_args,
+    prompts_dataset,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
 
@@ -65,15 +73,6 @@ def enable_trl_importance_sampling(trainer):
     trainer.vllm_importance_sampling_correction = True
     trainer.vllm_generation = types.SimpleNamespace(sync_weights=lambda: None)
     trainer._last_loaded_step = -1
-
-
-def independent_ratio(old_logps, sampling_logps, mask, mode, clip_min, clip_max):
-    """rho = pi_train / pi_behaviour, per token or per sequence, truncated or masked to [clip_min, clip_max]."""
-    diff = (old_logps - sampling_logps) * mask
-    ratio = torch.exp(diff.sum(dim=1, keepdim=True) if mode.startswith("sequence") else diff)
-    if mode.endswith("truncate"):
-        return ratio.clamp(clip_min, clip_max)
-    return torch.where((ratio < clip_min) | (ratio > clip_max), torch.zeros_like(ratio), ratio)
 
 
 def offpolicy_trainer(tiny_model_dir, tmp_path, mode, reward, **overrides):

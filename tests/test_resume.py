@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import torch
-from test_trainer import RecordingReward, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer
+from trl_otb.testing import RecordingReward, make_args, prompts_dataset
 
 
 def train(tiny_model_dir, output_dir, resume_from_checkpoint=None):

@@ -7,7 +7,7 @@ the test compares: advantages and otb/ metrics within 1e-5, final weights within
 sample different completions than one even with the same seed, hence the replay.
 
 FSDP2 runs through accelerate's own FSDP2 preparation, switched on for CPU by the test-only switch in
-tests/sharded_cpu.py; each test asserts that the model really was sharded. ZeRO-3 needs deepspeed, which
+trl_otb.testing.sharded_cpu; each test asserts that the model really was sharded. ZeRO-3 needs deepspeed, which
 lives in its own venv (`make test-sharded`); in a venv without it those tests skip, unless
 TRL_OTB_REQUIRE_DEEPSPEED=1 (set by `make test-sharded`) turns the skip into a failure.
 """
@@ -23,14 +23,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiprocess_worker import N, reward
-from sharded_cpu import FSDP2_ENV, FSDP2_LINEAR_WRAP_ENV, ZERO3_ENV
-from sharded_worker import RecordingTrainer, config, dataset
-from test_multiprocess import free_port, pad_to
 from transformers import AutoModelForCausalLM
 
 from trl_otb import OTBTrainer
 from trl_otb.fidelity import TRAINER_KEYS, batch_fidelity
+from trl_otb.testing import N, free_port, pad_to, split_group_dataset, split_group_reward
+from trl_otb.testing.sharded_cpu import (
+    FSDP2_ENV,
+    FSDP2_LINEAR_WRAP_ENV,
+    ZERO3_ENV,
+    RecordingTrainer,
+    sharded_config,
+)
 
 WORKER = Path(__file__).parent / "sharded_worker.py"
 ROOT = Path(__file__).parent.parent
@@ -73,10 +77,12 @@ class ReplayTrainer(RecordingTrainer):
 
 
 def replay(ranks: list[dict], mode: str, model_dir: str, out: Path) -> tuple[ReplayTrainer, list[dict]]:
-    args = config(str(out / "replay"), mode, use_cpu=True, per_device_train_batch_size=12, otb_fidelity_check_steps=0)
+    args = sharded_config(
+        str(out / "replay"), mode, use_cpu=True, per_device_train_batch_size=12, otb_fidelity_check_steps=0
+    )
     if mode == "nogather":
         args.max_steps = 1
-    trainer = ReplayTrainer(model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
+    trainer = ReplayTrainer(model_dir, reward_funcs=split_group_reward, args=args, train_dataset=split_group_dataset())
     trainer.records = []
     trainer._replay = [
         (a["prompt_id_lists"] + b["prompt_id_lists"], a["completion_id_lists"] + b["completion_id_lists"])
@@ -100,9 +106,10 @@ def advantage_gap(ranks: list[dict], replayed: list[dict]) -> float:
 def check_split_batches(ranks: list[dict]) -> None:
     """The batches the replay compares really split a group across ranks, with unequal completion widths."""
     assert all(r["engagement"]["world_size"] == 2 for r in ranks)
+    every_prompt = sorted({str(x["prompt"]) for x in split_group_dataset()})
     for a, b in zip(ranks[0]["records"], ranks[1]["records"]):
         prompts = a["prompts"] + b["prompts"]
-        assert len(prompts) == 3 * N and sorted(set(prompts)) == sorted({str(x["prompt"]) for x in dataset()})
+        assert len(prompts) == 3 * N and sorted(set(prompts)) == every_prompt
         assert len(set(prompts[N : 2 * N])) == 1 and prompts[N : 2 * N] == a["prompts"][-2:] + b["prompts"][:2]
     widths = [max(rec["completion_ids"].size(1) for rec in r["records"]) for r in ranks]
     assert widths[0] <= 5 < widths[1]
@@ -153,43 +160,47 @@ def check_fidelity(ranks: list[dict], model_dir: str) -> None:
         assert all(f"otb/fidelity/{k}" in rec["metrics"] for rec in r["records"] for k in TRAINER_KEYS)
 
 
-def assert_fsdp2_engaged(ranks: list[dict]) -> None:
-    for r in ranks:
-        e = r["engagement"]
-        assert e["distributed_type"] == "DistributedType.FSDP"
-        assert e["head_is_dtensor"] and e["head_local_rows"] < e["head_rows"]
+def assert_engaged(engine: str, evidence: list[dict]) -> None:
+    """Every rank's evidence (trl_otb.testing.sharded_cpu.engagement) shows ``engine`` sharding the LM head."""
+    for e in evidence:
+        if engine == "fsdp2":
+            assert e["distributed_type"] == "DistributedType.FSDP"
+            assert e["head_is_dtensor"] and e["head_local_rows"] < e["head_rows"]
+        else:
+            assert e["distributed_type"] == "DistributedType.DEEPSPEED" and e["is_ds_engine"] and e["zero_stage"] == 3
+            assert e["head_local_numel"] == 0 and e["head_ds_numel"] > 0
 
 
-def assert_zero3_engaged(ranks: list[dict]) -> None:
-    for r in ranks:
-        e = r["engagement"]
-        assert e["distributed_type"] == "DistributedType.DEEPSPEED" and e["is_ds_engine"] and e["zero_stage"] == 3
-        assert e["head_local_numel"] == 0 and e["head_ds_numel"] > 0
+# The same end-to-end checks under each engine: FSDP2 in the main venv, ZeRO-3 in .venv-ds (`make test-sharded`).
+ENGINES = [
+    pytest.param("fsdp2", marks=pytest.mark.multiprocess),
+    pytest.param("zero3", marks=[pytest.mark.zero3, needs_deepspeed]),
+]
 
 
-# --------------------------------------------------------------------------- FSDP2
-
-
-@pytest.mark.multiprocess
-def test_fsdp2_on_policy_is_exact_and_fidelity_check_runs(tiny_model_dir, tmp_path):
-    ranks = run_ranks("fsdp2", "onpolicy", tiny_model_dir, tmp_path)
-    assert_fsdp2_engaged(ranks)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_on_policy_is_exact_and_fidelity_check_runs(engine, tiny_model_dir, tmp_path):
+    ranks = run_ranks(engine, "onpolicy", tiny_model_dir, tmp_path)
+    assert_engaged(engine, [r["engagement"] for r in ranks])
     check_exact(ranks, "onpolicy", tiny_model_dir, tmp_path)
     check_fidelity(ranks, tiny_model_dir)
 
 
-@pytest.mark.multiprocess
-def test_fsdp2_two_iterations_is_exact(tiny_model_dir, tmp_path):
-    ranks = run_ranks("fsdp2", "iter2", tiny_model_dir, tmp_path)
-    assert_fsdp2_engaged(ranks)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_iterations_is_exact(engine, tiny_model_dir, tmp_path):
+    ranks = run_ranks(engine, "iter2", tiny_model_dir, tmp_path)
+    assert_engaged(engine, [r["engagement"] for r in ranks])
     assert len(ranks[0]["records"]) == 2  # 4 optimizer steps on 2 generation batches
     check_exact(ranks, "iter2", tiny_model_dir, tmp_path)
+
+
+# --------------------------------------------------------------------------- FSDP2 only
 
 
 @pytest.mark.multiprocess
 def test_replay_comparison_catches_groups_that_were_not_gathered(tiny_model_dir, tmp_path):
     ranks = run_ranks("fsdp2", "nogather", tiny_model_dir, tmp_path)
-    assert_fsdp2_engaged(ranks)
+    assert_engaged("fsdp2", [r["engagement"] for r in ranks])
     check_split_batches(ranks)
     _, replayed = replay(ranks, "nogather", tiny_model_dir, tmp_path)
     gap = advantage_gap(ranks, replayed)
@@ -242,9 +253,9 @@ def test_fidelity_check_is_refused_under_fsdp1_when_the_trainer_is_built(tiny_mo
     from trl_otb import sharding
 
     monkeypatch.setattr(sharding, "engine", lambda accelerator: "fsdp1")
-    args = config(str(tmp_path), "onpolicy", use_cpu=True, per_device_train_batch_size=4)
+    args = sharded_config(str(tmp_path), "onpolicy", use_cpu=True, per_device_train_batch_size=4)
     with pytest.raises(ValueError, match="not FSDP1"):
-        OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=dataset())
+        OTBTrainer(tiny_model_dir, reward_funcs=split_group_reward, args=args, train_dataset=split_group_dataset())
 
 
 def run_example(engine: str, model_dir: str, out: Path) -> dict:
@@ -280,34 +291,6 @@ def run_example(engine: str, model_dir: str, out: Path) -> dict:
     return [torch.load(out / f"engaged{r}.pt") for r in range(2)]
 
 
-@pytest.mark.multiprocess
-def test_math_example_runs_under_fsdp2_with_two_processes(tiny_model_dir, tmp_path):
-    engaged = run_example("fsdp2", tiny_model_dir, tmp_path)
-    assert_fsdp2_engaged([{"engagement": e} for e in engaged])
-
-
-# --------------------------------------------------------------------------- ZeRO-3
-
-
-@pytest.mark.zero3
-@needs_deepspeed
-def test_zero3_on_policy_is_exact_and_fidelity_check_runs(tiny_model_dir, tmp_path):
-    ranks = run_ranks("zero3", "onpolicy", tiny_model_dir, tmp_path)
-    assert_zero3_engaged(ranks)
-    check_exact(ranks, "onpolicy", tiny_model_dir, tmp_path)
-    check_fidelity(ranks, tiny_model_dir)
-
-
-@pytest.mark.zero3
-@needs_deepspeed
-def test_zero3_two_iterations_is_exact(tiny_model_dir, tmp_path):
-    ranks = run_ranks("zero3", "iter2", tiny_model_dir, tmp_path)
-    assert_zero3_engaged(ranks)
-    check_exact(ranks, "iter2", tiny_model_dir, tmp_path)
-
-
-@pytest.mark.zero3
-@needs_deepspeed
-def test_math_example_runs_under_zero3_with_two_processes(tiny_model_dir, tmp_path):
-    engaged = run_example("zero3", tiny_model_dir, tmp_path)
-    assert_zero3_engaged([{"engagement": e} for e in engaged])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_math_example_runs_with_two_processes(engine, tiny_model_dir, tmp_path):
+    assert_engaged(engine, run_example(engine, tiny_model_dir, tmp_path))

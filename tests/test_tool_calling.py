@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trainer import N, independent_rollout_stats, make_args, prompts_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl.chat_template_utils import qwen3_chat_template
 
 from trl_otb import OTBTrainer, otb_advantages
+from trl_otb.testing import N, independent_rollout_stats, make_args, prompts_dataset, tool_ready_model
 
 CALLS = []
 
@@ -78,17 +76,8 @@ class ToolReward:
         return out
 
 
-def tool_ready_model(tiny_model_dir, tmp_path):
-    """The tiny model with a chat template TRL can parse tool calls from (and room for its longer prompts)."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.chat_template = qwen3_chat_template
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    model.config.max_position_embeddings = 4096  # rotary positions: the tool schema makes prompts ~750 tokens
-    return model, tokenizer
-
-
 def run_tool_batch(tiny_model_dir, tmp_path, **overrides):
-    model, tokenizer = tool_ready_model(tiny_model_dir, tmp_path)
+    model, tokenizer = tool_ready_model(tiny_model_dir)
     args = make_args(tmp_path, max_completion_length=160, max_tool_calling_iterations=1, **overrides)
     reward = ToolReward()
     trainer = ScriptedFirstTurn(

@@ -7,73 +7,18 @@ import math
 
 import pytest
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from trl_otb import OTBConfig, OTBTrainer, grpo_advantages, otb_advantages
+from trl_otb import OTBTrainer, grpo_advantages, otb_advantages
 from trl_otb.config import TOKEN_LEVEL_LOSSES
-
-N = 4
-
-
-def make_args(tmp_path, **overrides):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=8,
-        num_generations=N,
-        max_completion_length=12,
-        max_steps=1,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        temperature=0.7,
-    )
-    base.update(overrides)
-    return OTBConfig(**base)
-
-
-def prompts_dataset(n=16):
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"what is {i} + {i % 3}?"}]} for i in range(n)])
-
-
-class RecordingReward:
-    """A deterministic reward that varies within groups and remembers what it returned."""
-
-    __name__ = "recording_reward"
-
-    def __init__(self, none_rows=()):
-        self.calls = []
-        self.none_rows = set(none_rows)
-
-    def __call__(self, completions, completion_ids, **kwargs):
-        out = [
-            None if i in self.none_rows else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0)
-            for i, ids in enumerate(completion_ids)
-        ]
-        self.calls.append(out)
-        return out
-
-
-def generation_inputs(n_prompts=2):
-    return [{"prompt": [{"role": "user", "content": f"what is {p} + 1?"}]} for p in range(n_prompts) for _ in range(N)]
-
-
-def independent_rollout_stats(model, batch, temperature):
-    """pi(y_t) and sum_v pi(v)^2 from a plain forward with full logits (no fused head), in fp64."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    T = batch["completion_ids"].size(1)
-    with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -T - 1 : -1].double()
-    probs = torch.softmax(logits / temperature, dim=-1)
-    p_token = probs.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    one_hot = torch.nn.functional.one_hot(batch["completion_ids"], probs.size(-1)).double()
-    proxy = ((one_hot - probs) ** 2).sum(-1)  # ||e_y - pi||^2, computed directly
-    return p_token, (probs**2).sum(-1), proxy
+from trl_otb.testing import (
+    N,
+    RecordingReward,
+    generation_inputs,
+    independent_rollout_stats,
+    make_args,
+    prompts_dataset,
+)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])

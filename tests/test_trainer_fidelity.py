@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from peft import LoraConfig
-from test_fidelity import _load_qlora, repack_4bit_layers, tiny_4bit_dir  # noqa: F401 (fixture)
-from test_trainer import RecordingReward, make_args, prompts_dataset
 
 from trl_otb import OTBTrainer
 from trl_otb.fidelity.bnb import packed_4bit_layers
+from trl_otb.testing import RecordingReward, make_args, prompts_dataset, repack_4bit_layers
+from trl_otb.testing import load_qlora as _load_qlora
 
 
 def test_fidelity_check_logs_metrics_at_the_configured_steps(tiny_model_dir, tmp_path):

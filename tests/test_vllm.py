@@ -3,7 +3,8 @@
 Run by ``make test-vllm`` in ``.venv-vllm``; ``make test`` deselects them (marker ``vllm``), and a plain ``pytest``
 without vLLM installed skips them. Each training run is a process of its own (``tests/vllm_worker.py``): a colocated
 engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync, which cannot run on
-CPU; ``tests/vllm_cpu.py`` replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered here.
+CPU; ``trl_otb.testing.vllm_cpu`` replaces exactly that (module docstring there), so TRL's NCCL transfer is not
+covered here.
 
 The engine runs bfloat16 (TRL's colocate ``LLM(...)`` passes no dtype, and vLLM runs fp32 checkpoints in bf16 on
 CPU; the server keeps TRL's ``--dtype auto``) while the trainer is fp32: every batch is slightly off-policy, so the
@@ -18,7 +19,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from trl_otb.testing import free_port, save_tiny_checkpoint, vllm_cpu
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -39,9 +41,6 @@ elif importlib.util.find_spec("vllm") is None:
         "vllm is not installed in this environment; `make test-vllm` runs these tests in .venv-vllm",
         allow_module_level=True,
     )
-
-sys.path.insert(0, str(HERE))
-import vllm_cpu  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -60,21 +59,13 @@ UNSYNCED_TOKEN = 1.0
 
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
-    """The tiny random Llama of conftest, with 32-dim heads (vLLM's CPU attention takes no smaller head)."""
-    from conftest import build_tiny_model, build_tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-llama-vllm")
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, head_dim=32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    """The tiny random Llama of the suite, with 32-dim heads (vLLM's CPU attention takes no smaller head)."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama-vllm"), head_dim=32)
 
 
 def worker_env():
     env = dict(os.environ, **vllm_cpu.CPU_ENV, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     return env
@@ -110,12 +101,6 @@ def run(vllm_model_dir, tmp_path_factory):
 
 
 # --- a vLLM server on 127.0.0.1, started and stopped by the tests -------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(model_dir: str, port: int) -> list[str]:

@@ -1,4 +1,5 @@
-"""Run ``examples/math_otb.py`` as a user would, with the CPU weight-sync adapter of tests/vllm_cpu.py installed.
+"""Run ``examples/math_otb.py`` as a user would, with the CPU weight-sync adapter of trl_otb.testing.vllm_cpu
+installed.
 
     python tests/vllm_run_example.py SYNCS_JSON [math_otb.py arguments...]
 
@@ -13,11 +14,9 @@ import runpy
 import sys
 from pathlib import Path
 
+from trl_otb.testing import vllm_cpu
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import vllm_cpu  # noqa: E402
-
 os.environ.update(vllm_cpu.CPU_ENV)
 
 if __name__ == "__main__":

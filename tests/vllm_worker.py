@@ -6,7 +6,8 @@ SPEC_JSON: {"model_dir", "output_dir", "vllm_mode": "colocate"|"server", "server
 "is_mode": one of TRL's vllm_importance_sampling_mode values or "off", "sync": "adapter"|"first_only",
 "max_steps", "learning_rate"}.
 
-The run trains with TRL's vLLM generation (the CPU weight-sync adapter of tests/vllm_cpu.py installed) and, for
+The run trains with TRL's vLLM generation (the CPU weight-sync adapter of trl_otb.testing.vllm_cpu
+installed) and, for
 every generation batch, recomputes independently what the trainer should have produced from the same rollout:
 vLLM's sampling log-probs as vLLM returned them, an fp64 full-softmax pass of the trainer's model (pi(y_t), the
 proxy ||e_y - pi||^2 and sum pi^2), the importance ratio, and ``otb_advantages`` from those. It also counts the model
@@ -21,10 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import vllm_cpu  # noqa: E402
+from trl_otb.testing import vllm_cpu
 
 os.environ.update(vllm_cpu.CPU_ENV)
 
@@ -34,10 +32,10 @@ CLIP = {"token": (0.99, 1.01), "sequence": (0.97, 1.03)}
 
 
 def build_trainer(spec):
-    from test_trainer import RecordingReward, make_args, prompts_dataset
     from trl import GRPOTrainer
 
     from trl_otb import OTBTrainer
+    from trl_otb.testing import RecordingReward, make_args, prompts_dataset
 
     is_mode = spec["is_mode"]
     overrides = dict(
@@ -68,10 +66,9 @@ def build_trainer(spec):
 def instrument(trainer, reward, spec, records):
     """Wrap the trainer's generation batch and vLLM's generate to record and check each batch."""
     import torch
-    from test_offpolicy_tis import independent_ratio
-    from test_trainer import N, independent_rollout_stats
 
     from trl_otb import otb_advantages
+    from trl_otb.testing import N, independent_ratio, independent_rollout_stats
 
     engine_outputs = []
     generate = trainer.vllm_generation.generate

@@ -1,4 +1,6 @@
-"""Test-only: run accelerate's FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes (gloo).
+"""Test-only: run accelerate's FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes (gloo), and what the sharded tests
+(tests/test_sharded.py, tests/sharded_worker.py, tests/sharded_launch.py) share: their configuration, a trainer that
+records every generation batch, and the evidence that the engine sharded the model.
 
 FSDP2: accelerate never turns FSDP on for a CPU run. With ``use_cpu`` it selects ``MULTI_CPU`` and
 wraps the model in DDP (the FSDP plugin is ignored); without it and without a GPU each process
@@ -22,6 +24,10 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
+
+from trl_otb import OTBTrainer
+from trl_otb.testing import make_args
 
 FSDP2_ENV = {
     # What `accelerate launch` exports for examples/accelerate_configs/fsdp2.yaml (decoder layers wrapped).
@@ -101,8 +107,81 @@ def force_deepspeed_on_cpu() -> None:
 
 
 def install_from_environment() -> None:
-    """Install the switches named by the environment (what tests/sharded_launch.py does for `accelerate launch`)."""
+    """Install the switches named by the environment (tests/sharded_launch.py, tests/sharded_worker.py)."""
     if os.environ.get("TRL_OTB_TEST_FSDP_ON_CPU") == "1":
         force_fsdp_on_cpu()
     if os.environ.get("TRL_OTB_TEST_DEEPSPEED_ON_CPU") == "1":
         force_deepspeed_on_cpu()
+
+
+def sharded_config(output_dir: str, mode: str, **overrides):
+    """The sharded runs' ``OTBConfig`` for MODE (tests/sharded_worker.py).
+
+    The single-process replay uses it with per_device_train_batch_size=12.
+    """
+    values = dict(
+        output_dir=output_dir,
+        gradient_checkpointing=True,
+        per_device_train_batch_size=6,
+        steps_per_generation=1,
+        num_iterations=2 if mode == "iter2" else 1,
+        max_steps=4 if mode == "iter2" else 2,
+        # SGD: the final weights then compare the gradients. Adam divides each coordinate by its own gradient scale,
+        # so coordinates whose gradient is ~0 move by ~lr on float rounding alone (measured: weights 8e-3 apart
+        # after 4 Adam steps at lr 1e-2 with num_iterations=2, 6e-8 with SGD).
+        optim="sgd",
+        learning_rate=0.1,
+        otb_fidelity_check_steps=1 if mode == "onpolicy" else 0,
+    )
+    return make_args(Path(output_dir), **{**values, **overrides})
+
+
+class RecordingTrainer(OTBTrainer):
+    """Records every generation batch: the completions `generate` produced, and what OTB made of them."""
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        self._record = {"prompt_id_lists": [list(p) for p in prompt_ids], "completion_id_lists": completion_ids}
+        return completion_ids, logprobs
+
+    def _otb_gather(self, batch, proxy, rewards):
+        groups = super()._otb_gather(batch, proxy, rewards)
+        self._rewards = groups.rewards[groups.rows].cpu()
+        return groups
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        record = self._record
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
+        record.update({k: batch[k].detach().cpu() for k in keys})
+        record["prompts"] = [str(x["prompt"]) for x in inputs]
+        record["rewards"] = self._rewards
+        record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
+        self.records.append(record)
+        return batch
+
+
+def engagement(trainer) -> dict:
+    """Evidence, read outside any forward, that the engine sharded the model."""
+    from accelerate.utils import DistributedType
+
+    head = trainer.model.get_output_embeddings().weight
+    out = {
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "world_size": trainer.accelerator.num_processes,
+    }
+    if trainer.accelerator.distributed_type == DistributedType.FSDP:
+        from torch.distributed.tensor import DTensor
+
+        out["head_is_dtensor"] = isinstance(head, DTensor)
+        out["head_local_rows"] = head.to_local().shape[0] if isinstance(head, DTensor) else head.shape[0]
+        out["head_rows"] = head.shape[0]
+    if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from deepspeed import DeepSpeedEngine
+
+        out["head_local_numel"] = head.numel()
+        out["head_ds_numel"] = getattr(head, "ds_numel", None)
+        out["engine"] = type(trainer.model_wrapped).__name__
+        out["is_ds_engine"] = isinstance(trainer.model_wrapped, DeepSpeedEngine)
+        out["zero_stage"] = trainer.model_wrapped.zero_optimization_stage()
+    return out
