@@ -27,7 +27,6 @@ Models: ``tiny`` (the test suite's 2-layer Llama), ``embedded`` (SmolLM2-135M-In
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -41,12 +40,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
+
+from common import command, pyplot, save_figure, write_json  # noqa: E402
+
 ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
 DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
 DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 
 
 def model_and_tokenizer(name: str):
+    """(model, tokenizer) of ``--model``: the test suite's tiny Llama, the embedded SmolLM2, or its shapes at random."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
     if name == "embedded":
         from trl_otb.recipes.models import load_model_and_tokenizer
 
@@ -240,12 +244,7 @@ def _run_job(job):
 
 
 def plot(runs, path, target=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     colors = {"otb_N4": "black", "grpo_N4": "tab:blue", "grpo_N16": "tab:orange"}
     for r in runs:
         xs = [p["tokens"] for p in r["curve"]]
@@ -255,8 +254,7 @@ def plot(runs, path, target=None):
         ax.axhline(target, color="grey", lw=0.8, ls=":")
     ax.set(xlabel="completion tokens consumed", ylabel="held-out score")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main():
@@ -307,7 +305,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     stem = "sample_efficiency_quick" if args.quick else f"sample_efficiency_{args.model}_{args.task}"
     meta = {
-        "command": " ".join(["python benchmarks/sample_efficiency.py", *sys.argv[1:]]),
+        "command": command("sample_efficiency.py"),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         **{k: v for k, v in vars(args).items() if k not in ("workdir", "out")},
     }
@@ -321,7 +319,7 @@ def main():
         runs.sort(key=lambda r: order[(r["arm"], r["seed"])])
         meta["wall_seconds"] = time.perf_counter() - start
         summary = summarize(runs, args.target)
-        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+        write_json(out / f"{stem}.json", {"meta": meta, "summary": summary, "runs": runs})
         return summary
 
     if args.jobs == 1:
