@@ -75,7 +75,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from common import command, pyplot, save_figure, write_json  # noqa: E402
 
-from trl_otb import compute_advantages  # noqa: E402
+from trl_otb import compute_advantages, sum_pi_squared  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VARIANCE_ESTIMATORS = {
@@ -113,7 +113,7 @@ def head_statistics(model, input_ids, attention_mask, completion_ids, temperatur
     z = logits / temperature
     log_z = torch.logsumexp(z, dim=-1)
     logp_y = z.gather(-1, completion_ids[..., None]).squeeze(-1) - log_z
-    sum_sq = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * log_z)
+    sum_sq = sum_pi_squared(logits, temperature)
     top = z.topk(min(top_k, z.shape[-1]), dim=-1).indices
     return h, log_z, logp_y, sum_sq, top
 

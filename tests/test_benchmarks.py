@@ -50,6 +50,26 @@ def per_token_head_gradients(model, input_ids, attention_mask, comp, lengths):
     return torch.stack(grads)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_statistics_follow_the_definitions(tiny_model, temperature):
+    """log Z, log pi(y) and sum_v pi(v)^2 of every completion token, against the softmax in fp64."""
+    tiny_model.eval()
+    input_ids, attention_mask, comp, lengths = tiny_pool(tiny_model)
+    h, log_z, logp_y, sum_sq, top = variance.head_statistics(
+        tiny_model, input_ids, attention_mask, comp, temperature, 8
+    )
+    L = comp.shape[1]
+    with torch.no_grad():
+        z = tiny_model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -L - 1 : -1].double()
+    z = z / temperature
+    pi = torch.softmax(z, dim=-1)
+    assert sum_sq.dtype == torch.float32 and h.shape[:2] == comp.shape and top.shape == (*comp.shape, 8)
+    assert torch.allclose(sum_sq.double(), pi.square().sum(-1), rtol=1e-5, atol=0)
+    assert torch.allclose(log_z.double(), torch.logsumexp(z, dim=-1), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(logp_y.double(), pi.log().gather(-1, comp[..., None]).squeeze(-1), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(z.gather(-1, top), z.topk(8, dim=-1).values, atol=1e-5)  # the 8 largest, ties aside
+
+
 @pytest.mark.parametrize("top_k", [None, 8], ids=["full-vocab", "top8-subset"])
 def test_gram_inner_products_equal_brute_force_head_gradients(tiny_model, top_k):
     tiny_model.eval()
