@@ -37,18 +37,23 @@ SHAPES = {
         "smollm2-360m": ("llama", 49152, 960, 2560, 32, 15, 5, 8192, 100000.0, 1e-5),
         # The dry run's shape: the same architecture class as qwen2.5-0.5b, tiny.
         "tiny-qwen2": ("qwen2", 1024, 64, 128, 2, 4, 2, 4096, 1000000.0, 1e-6),
+        # SmolLM2-135M's layer sizes, 2048 positions, LlamaConfig's default rope_theta and eps: the model of the
+        # sample-efficiency job's "random-smollm2" (which gives it the tokenizer's vocabulary).
+        "smollm2-135m-layers": ("llama", 49152, 576, 1536, 30, 9, 3, 2048, 10000.0, 1e-6),
     }.items()
 }
 """Model configs by name: the architecture (``qwen2`` or ``llama``) and the fields of its transformers config."""
 
 
-def build_random_model(shape: str, tokenizer, device: str = "cpu", dtype=None, seed: int = 0):
-    """A randomly initialised causal LM with ``shape``'s config (``SHAPES``), built on ``device`` (no download)."""
+def build_random_model(shape: str, tokenizer, device: str = "cpu", dtype=None, seed: int = 0, vocab_size=None):
+    """A randomly initialised causal LM with ``shape``'s config (``SHAPES``; ``vocab_size`` replaces the shape's),
+    built on ``device`` (no download)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     spec = dict(SHAPES[shape])
     arch = spec.pop("arch")
+    spec["vocab_size"] = vocab_size or spec["vocab_size"]
     if spec["vocab_size"] < len(tokenizer):
         raise ValueError(f"shape {shape!r} has a vocabulary smaller than the tokenizer's ({len(tokenizer)})")
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)

@@ -41,14 +41,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 
-from common import command, pyplot, save_figure, write_json  # noqa: E402
+from common import build_random_model, command, pyplot, save_figure, write_json  # noqa: E402
 
 ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
 DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
 DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 
 
-def model_and_tokenizer(name: str):
+def model_and_tokenizer(name: str, seed: int = 0):
     """(model, tokenizer) of ``--model``: the test suite's tiny Llama, the embedded SmolLM2, or its shapes at random."""
     sys.path.insert(0, str(HERE.parent / "tests"))
     if name == "embedded":
@@ -60,22 +60,8 @@ def model_and_tokenizer(name: str):
     tokenizer = build_tiny_tokenizer()
     if name == "tiny":
         model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)
-    else:  # random-smollm2: SmolLM2-135M's architecture, random weights
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=2048,
-            tie_word_embeddings=True,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        model = LlamaForCausalLM(config)
+    else:  # random-smollm2: SmolLM2-135M's architecture, random weights, the tokenizer's vocabulary
+        model = build_random_model("smollm2-135m-layers", tokenizer, seed=seed, vocab_size=len(tokenizer))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
@@ -179,7 +165,7 @@ def run_arm(arm: str, seed: int, args) -> dict:
         torch.set_num_threads(args.threads)
     estimator, N = ARMS[arm]
     set_seed(seed)
-    model, tokenizer = model_and_tokenizer(args.model)
+    model, tokenizer = model_and_tokenizer(args.model, seed)
     data_seed = seed if args.data_seed is None else args.data_seed
     train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, data_seed, args.digits_len)
     consumed = {"tokens": 0}
