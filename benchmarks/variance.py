@@ -891,6 +891,8 @@ def output_stem(args) -> str:
 
 
 def plan(args) -> Plan:
+    """The settings of ``args``, and the cache key of its pools: ``{task}-M{pool}-h{horizon}-T{temp}-k{topk}-s{seed}``
+    (a pool file adds ``-p{prompt index}``)."""
     q = args.quick
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     sample_horizon = args.sample_horizon or max(horizons)
@@ -898,6 +900,7 @@ def plan(args) -> Plan:
         raise SystemExit(f"--sample-horizon {sample_horizon} is below the largest horizon {max(horizons)}")
     temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
     pool_size = args.pool or (12 if q else 16)
+    candidates = len(args.count_targets) if args.task == "count" and not q else (args.candidates or (6 if q else 64))
     # Prompt i of a task is the same prompt in every invocation (a cached pool is checked against it on load), so
     # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
     task_tag = "quick" if q else args.task
@@ -909,9 +912,7 @@ def plan(args) -> Plan:
         temperature=temperature,
         sketch_dim=args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16),
         target=args.prompts or (3 if q else 12),
-        candidates=len(args.count_targets)
-        if args.task == "count" and not q
-        else (args.candidates or (6 if q else 64)),
+        candidates=candidates,
         pool_size=pool_size,
         Ns=args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16]),
         num_groups=args.groups or (64 if q else 100),
