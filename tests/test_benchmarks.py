@@ -13,9 +13,9 @@ import torch
 
 from trl_otb.testing import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
-variance = load_script(ROOT / "benchmarks" / "variance.py")
+import common  # noqa: E402
+import sample_efficiency  # noqa: E402
+import variance  # noqa: E402
 
 
 def tiny_pool(tiny_model, M=4, L=7, prompt_len=5, seed=0):
@@ -247,6 +247,23 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_random_models_follow_their_shape(tiny_tokenizer):
+    """common.build_random_model: the config of SHAPES (or the given vocabulary), the same weights for a seed, and a
+    clear error for a vocabulary the tokenizer does not fit in."""
+    spec = common.SHAPES["tiny-qwen2"]
+    model = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert all(getattr(model.config, k) == v for k, v in spec.items() if k not in ("arch", "rope_theta"))
+    assert model.config.rope_parameters["rope_theta"] == spec["rope_theta"]
+    assert model.generation_config.eos_token_id == tiny_tokenizer.eos_token_id
+    again = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    own = common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer))
+    assert own.config.vocab_size == own.get_output_embeddings().weight.shape[0] == len(tiny_tokenizer)
+    with pytest.raises(ValueError, match="vocabulary smaller than the tokenizer"):
+        common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 1)
 
 
 def test_overhead_pieces_time_each_piece():
