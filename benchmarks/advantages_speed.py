@@ -23,13 +23,17 @@ import argparse
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
-from common import command, pyplot, save_figure, write_json
 
 from trl_otb import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
+
+# common.py beside this file, also when a test imports the file by path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command, pyplot, save_figure, write_json  # noqa: E402
 
 FULL_SIZES = [(128, 8, 128), (128, 8, 512), (128, 8, 2048), (128, 8, 8192)]
 QUICK_SIZES = [(16, 8, 64), (16, 8, 256), (32, 8, 512)]

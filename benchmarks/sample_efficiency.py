@@ -40,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
 
 from common import build_random_model, command, pyplot, save_figure, write_json  # noqa: E402
 

@@ -73,11 +73,13 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import command, pyplot, save_figure, write_json  # noqa: E402
-
 from trl_otb import compute_advantages, sum_pi_squared  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
+
+from common import command, pyplot, save_figure, write_json  # noqa: E402
+
 VARIANCE_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),
     "grpo_std": ("grpo", {"scale": "group"}),
