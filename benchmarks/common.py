@@ -185,8 +185,14 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
+    """matplotlib's pyplot on the Agg backend (files only, no display); a clear ImportError without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(
+            "The benchmark plots need matplotlib, an optional extra: pip install 'trl-otb[plots]' (the JSON results "
+            "are written before the plot)."
+        ) from err
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

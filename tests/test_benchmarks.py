@@ -266,6 +266,12 @@ def test_random_models_follow_their_shape(tiny_tokenizer):
         common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 1)
 
 
+def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the plots extra sees
+    with pytest.raises(ImportError, match=r"pip install 'trl-otb\[plots\]'"):
+        common.pyplot()
+
+
 def test_overhead_pieces_time_each_piece():
     overhead = load_script(ROOT / "benchmarks" / "overhead.py")
     pieces = overhead.time_pieces(repeats=3)
