@@ -41,7 +41,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import SHAPES, N, build_random_model, command, sync, timed_training, write_json  # noqa: E402
 

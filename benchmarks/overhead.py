@@ -55,7 +55,7 @@ POLICIES = {
 }
 
 
-def model_tokenizer_lora(name: str, workdir: Path, vllm: bool = False):
+def model_tokenizer_and_peft(name: str, workdir: Path, vllm: bool = False):
     """(model or path, tokenizer, peft_config) for a benchmark model (a path for vLLM, which loads it itself)."""
     if name == "tiny":
         from trl_otb.testing import build_tiny_model, build_tiny_tokenizer
@@ -97,7 +97,7 @@ def worker(args) -> dict:
     spg = policy.get("steps_per_generation", 1)
     warmup, steps = args.warmup * spg, args.steps * spg
     workdir = Path(args.workdir)
-    model, tokenizer, peft_config = model_tokenizer_lora(args.model, workdir, vllm)
+    model, tokenizer, peft_config = model_tokenizer_and_peft(args.model, workdir, vllm)
     _, clock = timed_training(
         args.trainer,
         model,

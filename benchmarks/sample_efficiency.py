@@ -51,7 +51,6 @@ DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 
 def model_and_tokenizer(name: str, seed: int = 0):
     """(model, tokenizer) of ``--model``: the test suite's tiny Llama, the embedded SmolLM2, or its shapes at random."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
     if name == "embedded":
         from trl_otb.recipes.models import load_model_and_tokenizer
 

@@ -13,9 +13,10 @@ import torch
 
 from trl_otb.testing import load_script
 
-import common  # noqa: E402
-import sample_efficiency  # noqa: E402
-import variance  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+common = load_script(ROOT / "benchmarks" / "common.py")
+sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
+variance = load_script(ROOT / "benchmarks" / "variance.py")
 
 
 def tiny_pool(tiny_model, M=4, L=7, prompt_len=5, seed=0):
