@@ -20,7 +20,6 @@ ratios to the floor. Writes ``advantages_speed.json`` and ``advantages_speed.png
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -31,6 +30,10 @@ from pathlib import Path
 import torch
 
 from trl_otb import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
+
+# common.py beside this file, also when a test imports the file by path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command, pyplot, save_figure, write_json  # noqa: E402
 
 FULL_SIZES = [(128, 8, 128), (128, 8, 512), (128, 8, 2048), (128, 8, 8192)]
 QUICK_SIZES = [(16, 8, 64), (16, 8, 256), (32, 8, 512)]
@@ -133,12 +136,7 @@ def profile_otb(num_prompts=128, group_size=8, T=1024, calls=5):
 
 
 def plot(results, path, ylabel="median CPU ms (1 thread)"):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4))
     tokens = [r["tokens"] for r in results]
     for name in results[0]["median_s"]:
         style = (
@@ -153,8 +151,7 @@ def plot(results, path, ylabel="median CPU ms (1 thread)"):
     ax2.set_title("Ratio to the floor")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main():
@@ -210,14 +207,14 @@ def main():
     stem = args.stem or ("advantages_speed_quick" if args.quick else "advantages_speed")
     on_gpu = args.device.startswith("cuda")
     meta = {
-        "command": " ".join(["python benchmarks/advantages_speed.py", *sys.argv[1:]]),
+        "command": command("advantages_speed.py"),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "clock": "wall, device synchronised before and after each call" if on_gpu else "process CPU time",
     }
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    write_json(out / f"{stem}.json", {"meta": meta, "results": results})
     plot(results, out / f"{stem}.png", "median wall ms (GPU, synchronised)" if on_gpu else "median CPU ms (1 thread)")
     print(f"wrote {out / stem}.json and .png")
 

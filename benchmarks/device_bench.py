@@ -6,9 +6,10 @@
 
 Both are run by ``benchmarks/device_run.sh`` (the prepared GPU run). No download: the model is built from a config
 with the shapes of Qwen2.5-0.5B (default; vocabulary 151936, so the LM head is a large share of the work) or
-SmolLM2-360M, random weights, and the byte-level tokenizer of the test suite (ids the tokenizer does not know decode
-to nothing; the reward below reads token ids, not text). A random model almost never samples EOS, so every
-completion runs to the length limit: a step generates exactly ``length`` tokens per completion.
+SmolLM2-360M (``common.SHAPES``), random weights, and the byte-level tokenizer of the test suite (ids the tokenizer
+does not know decode to nothing; the reward, ``common.cheap_reward``, reads token ids, not text). A random model
+almost never samples EOS, so every completion runs to the length limit: a step generates exactly ``length`` tokens per
+completion.
 
 ``overhead``: one process, every run a fresh model (same seed) and a fresh trainer. A short untimed run of each
 trainer first warms CUDA up; then for each pair and each length, GRPOTrainer and OTBTrainer run in alternating order
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import random
@@ -40,80 +40,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
 
-SHAPES = {
-    # Qwen2.5-0.5B's config.json shapes.
-    "qwen2.5-0.5b": dict(
-        arch="qwen2",
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    ),
-    # SmolLM2-360M's config.json shapes.
-    "smollm2-360m": dict(
-        arch="llama",
-        vocab_size=49152,
-        hidden_size=960,
-        intermediate_size=2560,
-        num_hidden_layers=32,
-        num_attention_heads=15,
-        num_key_value_heads=5,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
-    # The dry run's shape: the same architecture class as qwen2.5-0.5b, tiny.
-    "tiny-qwen2": dict(
-        arch="qwen2",
-        vocab_size=1024,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    ),
-}
-N = 4
-
-
-def build_model(shape: str, device: str, dtype, tokenizer, seed: int = 0):
-    """A randomly initialised causal LM with ``shape``'s config, built on ``device`` (no download)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    spec = dict(SHAPES[shape])
-    arch = spec.pop("arch")
-    if spec["vocab_size"] < len(tokenizer):
-        raise ValueError(f"shape {shape!r} has a vocabulary smaller than the tokenizer's ({len(tokenizer)})")
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    config = config_cls(**spec, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(config)
-    model = model.to(dtype)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
-
-
-def sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+from common import SHAPES, N, build_random_model, command, sync, timed_training, write_json  # noqa: E402
 
 
 def environment(device: str) -> dict:
@@ -133,13 +62,6 @@ def environment(device: str) -> dict:
     return env
 
 
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer overhead
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,67 +70,29 @@ def write_json(path: Path, payload: dict) -> None:
 def train_once(trainer_name, shape, length, steps, warmup, prompts_per_step, device, dtype, tokenizer, workdir, seed):
     """One training run of ``warmup + steps`` optimizer steps; returns the per-step times and the peak memory."""
     import torch
-    from datasets import Dataset
-    from overhead import cheap_reward
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_otb import OTBConfig, OTBTrainer
 
     on_cuda = device.startswith("cuda")
     if on_cuda:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(shape, device, dtype, tokenizer, seed)
-    prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(64)]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
-    common = dict(
+    model = build_random_model(shape, tokenizer, device, dtype, seed)
+    trainer, clock = timed_training(
+        trainer_name,
+        model,
+        tokenizer,
+        prompts_per_step=prompts_per_step,
+        device=device,
+        print_logs=False,
         output_dir=str(Path(workdir) / f"{trainer_name}-{length}"),
         use_cpu=not on_cuda,
         bf16=dtype == torch.bfloat16,
-        per_device_train_batch_size=N * prompts_per_step,
-        num_generations=N,
         max_completion_length=length,
         max_steps=warmup + steps,
-        scale_rewards="none",
         learning_rate=1e-6,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
         seed=seed,
         data_seed=seed,
-        temperature=1.0,
-        disable_tqdm=True,
     )
-    config, trainer_cls = (
-        (OTBConfig(**common), OTBTrainer) if trainer_name == "otb" else (GRPOConfig(**common), GRPOTrainer)
-    )
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.wall = []
-
-        def on_step_begin(self, *a, **k):
-            sync(device)
-            self._start = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            sync(device)
-            self.wall.append(time.perf_counter() - self._start)
-
-    clock = StepClock()
-    trainer = trainer_cls(
-        model,
-        reward_funcs=cheap_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
-    trainer.remove_callback(PrinterCallback)  # the logs of every step would flood the output
-    trainer.train()
     result = {
         "trainer": trainer_name,
         "length": length,
@@ -216,7 +100,7 @@ def train_once(trainer_name, shape, length, steps, warmup, prompts_per_step, dev
         "per_step_wall_s": clock.wall[warmup:],
         "step_wall_s": statistics.median(clock.wall[warmup:]),
         "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if on_cuda else None,
-        "gradient_checkpointing": config.gradient_checkpointing,
+        "gradient_checkpointing": trainer.args.gradient_checkpointing,
     }
     del trainer, model
     gc.collect()
@@ -262,7 +146,7 @@ def run_overhead(args) -> Path:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     path = Path(args.out) / "device_overhead.json"
     meta = {
-        "command": " ".join(["python benchmarks/device_bench.py", *sys.argv[1:]]),
+        "command": command("device_bench.py"),
         **environment(args.device),
         "shape": args.shape,
         "config": SHAPES[args.shape],
@@ -274,7 +158,7 @@ def run_overhead(args) -> Path:
         "steps": args.steps,
         "warmup": args.warmup,
         "budget_s": args.budget_s,
-        "reward": "overhead.cheap_reward (reads token ids; costs nothing)",
+        "reward": "common.cheap_reward (reads token ids; costs nothing)",
     }
     start = time.perf_counter()
     runs = []
@@ -364,14 +248,14 @@ def run_fused_head(args) -> Path:
 
     tokenizer = build_tiny_tokenizer()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model = build_model(args.shape, args.device, dtype, tokenizer, args.seed)
+    model = build_random_model(args.shape, tokenizer, args.device, dtype, args.seed)
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     forwards = fused_forwards(model)
     V = SHAPES[args.shape]["vocab_size"]
     path = Path(args.out) / "device_fused_head.json"
     meta = {
-        "command": " ".join(["python benchmarks/device_bench.py", *sys.argv[1:]]),
+        "command": command("device_bench.py"),
         **environment(args.device),
         "shape": args.shape,
         "dtype": args.dtype,

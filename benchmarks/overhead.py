@@ -38,6 +38,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
+
+from common import N, command, pyplot, save_figure, timed_training, write_json  # noqa: E402
+
 MODELS = {
     # max_completion_length, prompt count per batch
     "tiny": {"max_completion_length": 24, "prompts_per_batch": 2},
@@ -49,12 +53,6 @@ POLICIES = {
     "vllm-is": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True},
     "vllm-nois": {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": False},
 }
-N = 4
-
-
-def cheap_reward(completion_ids, **kwargs):
-    """Deterministic, varies within groups, costs nothing: keeps the timing on the trainer."""
-    return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
 
 
 def model_tokenizer_and_peft(name: str, workdir: Path, vllm: bool = False):
@@ -90,14 +88,8 @@ def worker(args) -> dict:
 
         os.environ.update(vllm_cpu.CPU_ENV)
     import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
 
     torch.set_num_threads(args.threads)
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_otb import OTBConfig, OTBTrainer
-
     if vllm:
         vllm_cpu.install()
     spec = MODELS[args.model]
@@ -106,54 +98,22 @@ def worker(args) -> dict:
     warmup, steps = args.warmup * spg, args.steps * spg
     workdir = Path(args.workdir)
     model, tokenizer, peft_config = model_tokenizer_and_peft(args.model, workdir, vllm)
-    prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(64)]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
-    common = dict(
+    _, clock = timed_training(
+        args.trainer,
+        model,
+        tokenizer,
+        prompts_per_step=spec["prompts_per_batch"],
+        peft_config=peft_config,
         output_dir=str(workdir / f"{args.trainer}-{args.model}-{args.policy}"),
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
-        per_device_train_batch_size=N * spec["prompts_per_batch"],
-        num_generations=N,
         max_completion_length=spec["max_completion_length"],
         max_steps=warmup + steps,
-        scale_rewards="none",
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
         seed=args.seed,
         data_seed=args.seed,
-        temperature=1.0,
-        disable_tqdm=True,
         **policy,
     )
-    if args.trainer == "otb":
-        config, trainer_cls = OTBConfig(**common), OTBTrainer
-    else:
-        config, trainer_cls = GRPOConfig(**common), GRPOTrainer
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.wall, self.cpu = [], []
-
-        def on_step_begin(self, *a, **k):
-            self._w, self._c = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, *a, **k):
-            self.wall.append(time.perf_counter() - self._w)
-            self.cpu.append(time.process_time() - self._c)
-
-    clock = StepClock()
-    trainer = trainer_cls(
-        model,
-        reward_funcs=cheap_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=[clock],
-    )
-    trainer.train()
     wall, cpu = clock.wall[warmup:], clock.cpu[warmup:]
     return {
         "trainer": args.trainer,
@@ -192,13 +152,8 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(summary)
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) + 2), 3.6))
+    fig, ax = pyplot().subplots(figsize=(max(5, 1.6 * len(names) + 2), 3.6))
     x = range(len(names))
     for offset, key, label in ((-0.2, "step_cpu_s", "step CPU time"), (0.2, "peak_rss_mb", "peak RSS")):
         med = [summary[n][key]["median_ratio"] for n in names]
@@ -211,8 +166,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_ylabel("OTBTrainer / GRPOTrainer")
     ax.set_ylim(0.8, max(1.3, max(max(summary[n]["step_cpu_s"]["pair_ratios"]) for n in names) + 0.05))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def time_pieces(repeats: int = 2000) -> dict[str, float]:
@@ -329,12 +283,11 @@ def main():
         stem += "_vllm"
     if args.tag:
         stem += f"_{args.tag}"
-    argv = " ".join(sys.argv[1:])
-    meta = {"command": f"python benchmarks/overhead.py {argv}".strip(), "threads": args.threads, "N": N}
+    meta = {"command": command("overhead.py"), "threads": args.threads, "N": N}
     meta["configs"] = {
         m: {**MODELS[m], "per_device_train_batch_size": N * MODELS[m]["prompts_per_batch"]} for m in args.models
     }
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    write_json(out / f"{stem}.json", {"meta": meta, "summary": summary, "runs": runs})
     plot(summary, out / f"{stem}.png")
     print(f"wrote {out / stem}.json and .png")
     if tmp is not None:

@@ -24,7 +24,7 @@ from trl_otb.recipes.rewards import FORMAT_REWARD, accuracy_reward, format_rewar
 
 
 @torch.no_grad()
-def sample_completions(model, tokenizer, prompts, samples, max_new_tokens, batch_size):
+def sample_texts(model, tokenizer, prompts, samples, max_new_tokens, batch_size):
     """``samples`` completions per conversational prompt, sampled at temperature 1.0; [prompt][sample] strings."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -72,9 +72,7 @@ def main():
     for level in args.levels:
         start = time.perf_counter()
         rows = generate_math_dataset(level, num_train=0, num_test=args.num_prompts, seed=args.seed)[args.split]
-        groups = sample_completions(
-            model, tokenizer, rows["prompt"], args.samples, args.max_new_tokens, args.batch_size
-        )
+        groups = sample_texts(model, tokenizer, rows["prompt"], args.samples, args.max_new_tokens, args.batch_size)
         flat = [c for group in groups for c in group]
         answers = [a for a in rows["answer"] for _ in range(args.samples)]
         accuracy = accuracy_reward(flat, answers)

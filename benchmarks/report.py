@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 
@@ -15,36 +16,58 @@ def load(results: Path, stem: str):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def markdown_table(header: list[str], align: list[str], rows) -> list[str]:
+    """The lines of a Markdown table: header cells, each column's alignment (``---`` or ``---:``), rows of cells."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "".join(f"{a}|" for a in align),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def speed_table(data) -> str:
     names = [k for k in data["results"][0]["median_s"] if k != "floor"]
-    lines = [
-        "| tokens | floor ms | " + " | ".join(f"{n} ms (x floor)" for n in names) + " | OTB ns/token |",
-        "|---:|---:|" + "---:|" * (len(names) + 1),
+    rows = [
+        [
+            f"{r['tokens'] / 1e6:.2f}M",
+            f"{r['median_s']['floor'] * 1e3:.1f}",
+            *(f"{r['median_s'][n] * 1e3:.1f} ({r['ratio_to_floor'][n]:.2f})" for n in names),
+            f"{r['ns_per_token']['otb']:.0f}",
+        ]
+        for r in data["results"]
     ]
-    for r in data["results"]:
-        cells = [f"{r['median_s'][n] * 1e3:.1f} ({r['ratio_to_floor'][n]:.2f})" for n in names]
-        lines.append(
-            f"| {r['tokens'] / 1e6:.2f}M | {r['median_s']['floor'] * 1e3:.1f} | "
-            + " | ".join(cells)
-            + f" | {r['ns_per_token']['otb']:.0f} |"
-        )
-    return "\n".join(lines)
+    header = ["tokens", "floor ms", *(f"{n} ms (x floor)" for n in names), "OTB ns/token"]
+    return "\n".join(markdown_table(header, ["---:"] * len(header), rows))
 
 
 def overhead_table(data) -> str:
-    lines = [
-        "| config | GRPO step CPU s | OTB step CPU s | OTB/GRPO CPU per pair | median | wall median | "
-        "peak RSS MB GRPO / OTB | RSS ratio |",
-        "|---|---:|---:|---|---:|---:|---|---:|",
+    header = [
+        "config",
+        "GRPO step CPU s",
+        "OTB step CPU s",
+        "OTB/GRPO CPU per pair",
+        "median",
+        "wall median",
+        "peak RSS MB GRPO / OTB",
+        "RSS ratio",
     ]
+    rows = []
     for name, s in data["summary"].items():
         cpu, wall, rss = s["step_cpu_s"], s["step_wall_s"], s["peak_rss_mb"]
-        pairs = ", ".join(f"{x:.2f}" for x in cpu["pair_ratios"])
-        lines.append(
-            f"| {name} | {cpu['grpo']:.3f} | {cpu['otb']:.3f} | {pairs} | **{cpu['median_ratio']:.2f}** | "
-            f"{wall['median_ratio']:.2f} | {rss['grpo']:.0f} / {rss['otb']:.0f} | {rss['median_ratio']:.3f} |"
+        rows.append(
+            [
+                name,
+                f"{cpu['grpo']:.3f}",
+                f"{cpu['otb']:.3f}",
+                ", ".join(f"{x:.2f}" for x in cpu["pair_ratios"]),
+                f"**{cpu['median_ratio']:.2f}**",
+                f"{wall['median_ratio']:.2f}",
+                f"{rss['grpo']:.0f} / {rss['otb']:.0f}",
+                f"{rss['median_ratio']:.3f}",
+            ]
         )
-    return "\n".join(lines)
+    align = ["---", "---:", "---:", "---", "---:", "---:", "---", "---:"]
+    return "\n".join(markdown_table(header, align, rows))
 
 
 def num(x: float) -> str:
@@ -78,25 +101,11 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
             f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, {ci} in brackets:"
         )
         out.append("")
-        out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
-        out.append("|---|" + "---:|" * len(Ns))
-        for est in ests:
-            cells = []
-            for N in Ns:
-                r = table[f"N={N}/{est}"]
-                lo, hi = r["var_scaled_ci"]
-                cells.append(f"{num(r['var_scaled'])} ({num(lo)}-{num(hi)})")
-            out.append(f"| {est} | " + " | ".join(cells) + " |")
+        out += per_n_table(ests, Ns, partial(rescaled_cell, table))
         out.append("")
         out.append(f"{space}, horizon {h}, raw variance / MSE to the pool reference / scale a:")
         out.append("")
-        out.append("| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |")
-        out.append("|---|" + "---:|" * len(Ns))
-        for est in ests:
-            cells = [
-                f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}" for r in (table[f"N={N}/{est}"] for N in Ns)
-            ]
-            out.append(f"| {est} | " + " | ".join(cells) + " |")
+        out += per_n_table(ests, Ns, partial(raw_cell, table))
         if paired:
             main = {k: t for k, t in paired.items() if t["a"] == "otb"}
             study = {k: t for k, t in paired.items() if t["a"] != "otb"}
@@ -114,6 +123,23 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
     return out
 
 
+def per_n_table(names, Ns, cell) -> list[str]:
+    """One row per estimator name, one column per group size N: ``cell(name, N)``."""
+    rows = [[name, *(cell(name, N) for N in Ns)] for name in names]
+    return markdown_table(["estimator", *(f"N={N}" for N in Ns)], ["---"] + ["---:"] * len(Ns), rows)
+
+
+def rescaled_cell(table, est, N) -> str:
+    r = table[f"N={N}/{est}"]
+    lo, hi = r["var_scaled_ci"]
+    return f"{num(r['var_scaled'])} ({num(lo)}-{num(hi)})"
+
+
+def raw_cell(table, est, N) -> str:
+    r = table[f"N={N}/{est}"]
+    return f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}"
+
+
 def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
     """Per N, OTB minus each other estimator on the same groups: difference and ratio with their 95% intervals
     (prompts and groups resampled together for both), and whether the difference's interval excludes 0."""
@@ -123,11 +149,10 @@ def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
         + ", ".join(o.upper() if o != "grpo" else "GRPO (unscaled)" for o in others)
         + ", 95% CI over prompts and groups; **yes** where the difference's interval excludes 0:",
         "",
-        "| N | " + " | ".join(f"OTB - {o} | OTB / {o} | differ?" for o in others) + " |",
-        "|---|" + "---:|---:|---|" * len(others),
     ]
+    rows = []
     for N in Ns:
-        cells = []
+        cells = [str(N)]
         for o in others:
             t = paired.get(f"N={N}/otb-{o}")
             if t is None:
@@ -137,8 +162,9 @@ def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
             rlo, rhi = t["ratio_ci"]
             verdict = ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
             cells += [f"{num(t['diff'])} ({num(lo)} to {num(hi)})", f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})", verdict]
-        out.append(f"| {N} | " + " | ".join(cells) + " |")
-    return out
+        rows.append(cells)
+    header = ["N", *(f"OTB {op} {o}" if op else "differ?" for o in others for op in ("-", "/", ""))]
+    return out + markdown_table(header, ["---"] + ["---:", "---:", "---"] * len(others), rows)
 
 
 def study_table(space: str, h, paired: dict, Ns) -> list[str]:
@@ -149,21 +175,17 @@ def study_table(space: str, h, paired: dict, Ns) -> list[str]:
         f"{space}, horizon {h}, estimator study, paired against OTB: rescaled variance ratio to OTB (95% CI over "
         "prompts and groups); **lower** / **higher** where the difference's interval excludes 0:",
         "",
-        "| estimator | " + " | ".join(f"N={N}" for N in Ns) + " |",
-        "|---|" + "---:|" * len(Ns),
     ]
-    for name in names:
-        cells = []
-        for N in Ns:
-            t = paired.get(f"N={N}/{name}-otb")
-            if t is None:
-                cells.append("")
-                continue
-            lo, hi = t["ratio_ci"]
-            mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
-            cells.append(f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}")
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
-    return out
+
+    def cell(name, N):
+        t = paired.get(f"N={N}/{name}-otb")
+        if t is None:
+            return ""
+        lo, hi = t["ratio_ci"]
+        mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+        return f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}"
+
+    return out + per_n_table(names, Ns, cell)
 
 
 def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]:
@@ -177,34 +199,49 @@ def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]
         f"{space}, horizon {h}, N={N}: rescaled variance of the gradient's part from tokens where k of the N "
         "members are still active (share of tokens in brackets), the cross terms between parts, and the total:",
         "",
-        "| estimator | " + " | ".join(bins) + " | cross | total |",
-        "|---|" + "---:|" * (len(bins) + 2),
     ]
-    for est, v in rows.items():
-        cells = [f"{num(v[b]['var_scaled'])} ({100 * v[b]['token_share']:.0f}%)" for b in bins]
-        out.append(
-            f"| {est} | " + " | ".join(cells) + f" | {num(v['cross_var_scaled'])} | {num(v['total_var_scaled'])} |"
-        )
-    return out
+    cells = [
+        [
+            est,
+            *(f"{num(v[b]['var_scaled'])} ({100 * v[b]['token_share']:.0f}%)" for b in bins),
+            num(v["cross_var_scaled"]),
+            num(v["total_var_scaled"]),
+        ]
+        for est, v in rows.items()
+    ]
+    return out + markdown_table(["estimator", *bins, "cross", "total"], ["---"] + ["---:"] * (len(bins) + 2), cells)
 
 
 def efficiency_table(data) -> str:
     target = data["meta"]["target"]
     seeds = sorted({r["seed"] for r in data["runs"]})
-    lines = [
-        f"| arm | tokens to reach {target} per seed ({', '.join(map(str, seeds))}) | reached | median tokens | "
-        "final score median (min-max) | tokens used | steps | minutes per run |",
-        "|---|---|---:|---:|---|---:|---:|---:|",
+    header = [
+        "arm",
+        f"tokens to reach {target} per seed ({', '.join(map(str, seeds))})",
+        "reached",
+        "median tokens",
+        "final score median (min-max)",
+        "tokens used",
+        "steps",
+        "minutes per run",
     ]
+    rows = []
     for arm, s in data["summary"].items():
-        per_seed = ", ".join("-" if t is None else f"{t:.0f}" for t in s["tokens_to_target"].values())
-        median = "not reached" if s["median_tokens"] is None else f"{s['median_tokens']:.0f}"
         f = s["final_score"]
-        lines.append(
-            f"| {arm} | {per_seed} | {s['reached']} | {median} | {f['median']:.3f} ({f['min']:.3f}-{f['max']:.3f}) | "
-            f"{s['tokens_consumed']:.0f} | {s['steps']:.0f} | {s['seconds'] / 60:.1f} |"
+        rows.append(
+            [
+                arm,
+                ", ".join("-" if t is None else f"{t:.0f}" for t in s["tokens_to_target"].values()),
+                s["reached"],
+                "not reached" if s["median_tokens"] is None else f"{s['median_tokens']:.0f}",
+                f"{f['median']:.3f} ({f['min']:.3f}-{f['max']:.3f})",
+                f"{s['tokens_consumed']:.0f}",
+                f"{s['steps']:.0f}",
+                f"{s['seconds'] / 60:.1f}",
+            ]
         )
-    return "\n".join(lines)
+    align = ["---", "---", "---:", "---:", "---", "---:", "---:", "---:"]
+    return "\n".join(markdown_table(header, align, rows))
 
 
 def main():

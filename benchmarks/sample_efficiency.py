@@ -27,7 +27,6 @@ Models: ``tiny`` (the test suite's 2-layer Llama), ``embedded`` (SmolLM2-135M-In
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -41,12 +40,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
+
+from common import build_random_model, command, pyplot, save_figure, write_json  # noqa: E402
+
 ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
 DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
 DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 
 
-def model_and_tokenizer(name: str):
+def model_and_tokenizer(name: str, seed: int = 0):
+    """(model, tokenizer) of ``--model``: the test suite's tiny Llama, the embedded SmolLM2, or its shapes at random."""
     if name == "embedded":
         from trl_otb.recipes.models import load_model_and_tokenizer
 
@@ -56,22 +60,8 @@ def model_and_tokenizer(name: str):
     tokenizer = build_tiny_tokenizer()
     if name == "tiny":
         model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id)
-    else:  # random-smollm2: SmolLM2-135M's architecture, random weights
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=2048,
-            tie_word_embeddings=True,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        model = LlamaForCausalLM(config)
+    else:  # random-smollm2: SmolLM2-135M's architecture, random weights, the tokenizer's vocabulary
+        model = build_random_model("smollm2-135m-layers", tokenizer, seed=seed, vocab_size=len(tokenizer))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
@@ -175,7 +165,7 @@ def run_arm(arm: str, seed: int, args) -> dict:
         torch.set_num_threads(args.threads)
     estimator, N = ARMS[arm]
     set_seed(seed)
-    model, tokenizer = model_and_tokenizer(args.model)
+    model, tokenizer = model_and_tokenizer(args.model, seed)
     data_seed = seed if args.data_seed is None else args.data_seed
     train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, data_seed, args.digits_len)
     consumed = {"tokens": 0}
@@ -240,12 +230,7 @@ def _run_job(job):
 
 
 def plot(runs, path, target=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     colors = {"otb_N4": "black", "grpo_N4": "tab:blue", "grpo_N16": "tab:orange"}
     for r in runs:
         xs = [p["tokens"] for p in r["curve"]]
@@ -255,8 +240,7 @@ def plot(runs, path, target=None):
         ax.axhline(target, color="grey", lw=0.8, ls=":")
     ax.set(xlabel="completion tokens consumed", ylabel="held-out score")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main():
@@ -307,7 +291,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     stem = "sample_efficiency_quick" if args.quick else f"sample_efficiency_{args.model}_{args.task}"
     meta = {
-        "command": " ".join(["python benchmarks/sample_efficiency.py", *sys.argv[1:]]),
+        "command": command("sample_efficiency.py"),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         **{k: v for k, v in vars(args).items() if k not in ("workdir", "out")},
     }
@@ -321,7 +305,7 @@ def main():
         runs.sort(key=lambda r: order[(r["arm"], r["seed"])])
         meta["wall_seconds"] = time.perf_counter() - start
         summary = summarize(runs, args.target)
-        (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+        write_json(out / f"{stem}.json", {"meta": meta, "summary": summary, "runs": runs})
         return summary
 
     if args.jobs == 1:

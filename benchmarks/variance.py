@@ -65,6 +65,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,9 +73,13 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from trl_otb import compute_advantages  # noqa: E402
+from trl_otb import compute_advantages, sum_pi_squared  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
+
+from common import command, pyplot, save_figure, write_json  # noqa: E402
+
 VARIANCE_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),
     "grpo_std": ("grpo", {"scale": "group"}),
@@ -110,7 +115,7 @@ def head_statistics(model, input_ids, attention_mask, completion_ids, temperatur
     z = logits / temperature
     log_z = torch.logsumexp(z, dim=-1)
     logp_y = z.gather(-1, completion_ids[..., None]).squeeze(-1) - log_z
-    sum_sq = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * log_z)
+    sum_sq = sum_pi_squared(logits, temperature)
     top = z.topk(min(top_k, z.shape[-1]), dim=-1).indices
     return h, log_z, logp_y, sum_sq, top
 
@@ -735,15 +740,11 @@ SPACE_LABELS = {"lm_head": "LM head", "lora": "LoRA adapter"}
 
 def plot(results, Ns, horizons, path):
     """One row per parameter space: rescaled variance against N at each horizon, and at N=4 against horizon."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     spaces = list(results)
     cols = len(horizons) + 1
-    fig, grid = plt.subplots(len(spaces), cols, figsize=(4.2 * cols, 3.8 * len(spaces)), squeeze=False)
+    fig, grid = pyplot().subplots(len(spaces), cols, figsize=(4.2 * cols, 3.8 * len(spaces)), squeeze=False)
     for axes, space in zip(grid, spaces):
         label = f"rescaled variance ({SPACE_LABELS.get(space, space)})"
         for ax, h in zip(axes, horizons):
@@ -780,11 +781,10 @@ def plot(results, Ns, horizons, path):
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
     parser.add_argument("--task", default="math", choices=["math", "count"])
@@ -863,189 +863,257 @@ def main():
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--stem", default=None, help="output file name (default variance, variance_count, ..._quick)")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON in --out")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Plan:
+    """The settings of one invocation, with the defaults of ``--quick`` and of the task filled in."""
+
+    spaces: list[str]
+    horizons: list[int]
+    lora_horizons: list[int]
+    sample_horizon: int
+    temperature: float
+    sketch_dim: int
+    target: int
+    candidates: int
+    pool_size: int
+    Ns: list[int]
+    num_groups: int
+    cache: Path
+    key: str
+    deadline: float
+
+
+def output_stem(args) -> str:
+    if args.stem:
+        return args.stem
+    return "variance_quick" if args.quick else ("variance" if args.task == "math" else f"variance_{args.task}")
+
+
+def plan(args) -> Plan:
+    """The settings of ``args``, and the cache key of its pools: ``{task}-M{pool}-h{horizon}-T{temp}-k{topk}-s{seed}``
+    (a pool file adds ``-p{prompt index}``)."""
     q = args.quick
-    stem = args.stem or ("variance_quick" if q else ("variance" if args.task == "math" else f"variance_{args.task}"))
-    if args.replot:
-        path = Path(args.out) / stem
-        data = json.loads(path.with_suffix(".json").read_text())
-        horizons = sorted(int(h) for h in next(iter(data["results"].values())))
-        plot(data["results"], data["meta"]["Ns"], horizons, path.with_suffix(".png"))
-        return
-    torch.set_num_threads(args.threads)
-    spaces = args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"])
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
-    lora_horizons = sorted(args.lora_horizons or [min(horizons)])
     sample_horizon = args.sample_horizon or max(horizons)
     if sample_horizon < max(horizons):
         raise SystemExit(f"--sample-horizon {sample_horizon} is below the largest horizon {max(horizons)}")
     temperature = args.temperature or (0.7 if args.task == "count" and not q else 1.0)
-    sketch_dim = args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16)
-    target = args.prompts or (3 if q else 12)
-    candidates = len(args.count_targets) if args.task == "count" and not q else (args.candidates or (6 if q else 64))
     pool_size = args.pool or (12 if q else 16)
-    Ns = args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16])
-    num_groups = args.groups or (64 if q else 100)
-    cache = Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance"))
+    candidates = len(args.count_targets) if args.task == "count" and not q else (args.candidates or (6 if q else 64))
     # Prompt i of a task is the same prompt in every invocation (a cached pool is checked against it on load), so
     # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
     task_tag = "quick" if q else args.task
-    key = f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}"
-    deadline = time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf")
+    return Plan(
+        spaces=args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"]),
+        horizons=horizons,
+        lora_horizons=sorted(args.lora_horizons or [min(horizons)]),
+        sample_horizon=sample_horizon,
+        temperature=temperature,
+        sketch_dim=args.sketch_dim if args.sketch_dim is not None else (0 if q else 2**16),
+        target=args.prompts or (3 if q else 12),
+        candidates=candidates,
+        pool_size=pool_size,
+        Ns=args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16]),
+        num_groups=args.groups or (64 if q else 100),
+        cache=Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance")),
+        key=f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}",
+        deadline=time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf"),
+    )
 
-    start = time.perf_counter()
-    model, tokenizer, prompts, reward_fn = setup(q, candidates, args.seed, args.task, args.count_targets)
-    model.eval()
-    head_weight = model.get_output_embeddings().weight.detach()
 
-    # Candidates in a fixed order, until every horizon has `target` prompts whose pool rewards vary there.
-    pools, kept, rewards_at, missing = {}, {h: [] for h in horizons}, {}, None
+@dataclass
+class Pools:
+    """The candidates' pools (``data`` by prompt index, as ``load_or_sample_pool`` returns them), their rewards at
+    each horizon, the prompts kept at each horizon, and why fewer than the target were kept (None: enough)."""
+
+    data: dict = field(default_factory=dict)
+    rewards: dict = field(default_factory=dict)  # (prompt, horizon) -> rewards of the pool cut at the horizon
+    kept: dict = field(default_factory=dict)  # horizon -> prompt indices
+    missing: str | None = None
+
+
+def collect_pools(model, tokenizer, prompts, reward_fn, args, run: Plan) -> Pools:
+    """Candidates in a fixed order, until every horizon has ``run.target`` prompts whose pool rewards vary there;
+    each pool from the cache or sampled (no new one past the time limit)."""
+    pools = Pools(kept={h: [] for h in run.horizons})
+    kept, missing = pools.kept, None
     for p, prompt in enumerate(prompts):
-        if all(len(kept[h]) >= target for h in horizons):
+        if all(len(kept[h]) >= run.target for h in run.horizons):
             break
-        path = cache / f"{key}-p{p:03d}.pt"
-        if not path.exists() and time.perf_counter() > deadline:
+        path = run.cache / f"{run.key}-p{p:03d}.pt"
+        if not path.exists() and time.perf_counter() > run.deadline:
             missing = f"time limit reached before candidate {p} was sampled"
             break
         data, was_cached = load_or_sample_pool(
-            model, tokenizer, prompt, p, cache, key, pool_size, sample_horizon, args.batch_size, temperature,
-            args.top_k, args.seed,
+            model, tokenizer, prompt, p, run.cache, run.key, run.pool_size, run.sample_horizon, args.batch_size,
+            run.temperature, args.top_k, args.seed,
         )  # fmt: skip
-        pools[p] = data
-        for h in horizons:
+        pools.data[p] = data
+        for h in run.horizons:
             ids = [c["ids"][:h] for c in data["records"]]
             texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            rewards_at[(p, h)] = reward_fn([x.tolist() for x in ids], texts, p)
-            if len(kept[h]) < target and len(set(rewards_at[(p, h)])) > 1:
+            pools.rewards[(p, h)] = reward_fn([x.tolist() for x in ids], texts, p)
+            if len(kept[h]) < run.target and len(set(pools.rewards[(p, h)])) > 1:
                 kept[h].append(p)
         how = "cached" if was_cached else f"sampled in {data['sample_seconds']:.0f} s"
         print(
             f"candidate {p}: {how}, kept at "
-            f"{[h for h in horizons if p in kept[h]]}; kept so far {[len(kept[h]) for h in horizons]}",
+            f"{[h for h in run.horizons if p in kept[h]]}; kept so far {[len(kept[h]) for h in run.horizons]}",
             flush=True,
         )
-    short = {h: len(kept[h]) for h in horizons if len(kept[h]) < target}
+    short = {h: len(kept[h]) for h in run.horizons if len(kept[h]) < run.target}
     if short and missing is None:
-        missing = f"the {len(prompts)} candidates gave fewer than {target} prompts with varying rewards"
+        missing = f"the {len(prompts)} candidates gave fewer than {run.target} prompts with varying rewards"
     if short:
-        print(f"WARNING: {missing}: prompts kept per horizon {short} (target {target})", flush=True)
-    sampled_s = time.perf_counter() - start
-    if args.sample_only:
-        print(f"pools cached in {cache} ({sampled_s:.0f} s)")
-        return
+        print(f"WARNING: {missing}: prompts kept per horizon {short} (target {run.target})", flush=True)
+        pools.missing = missing
+    return pools
 
-    estimators = {**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if args.study else {})}
-    pairs = PAIRS + (STUDY_PAIRS if args.study else ())
-    decompose = DECOMPOSED if args.study else ()
-    adapter, lora_s = None, {}
-    if "lora" in spaces:
-        adapter = attach_adapter(model)
-        adapter.eval()
-    results = {space: {} for space in spaces}
-    analysis_s = {space: {} for space in spaces}
+
+@dataclass
+class Analysis:
+    """What the estimators are compared on: the estimators, the paired comparisons, the decomposed estimators."""
+
+    estimators: dict
+    pairs: tuple
+    decompose: tuple
+
+    @classmethod
+    def of(cls, study: bool) -> Analysis:
+        return cls(
+            estimators={**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if study else {})},
+            pairs=PAIRS + (STUDY_PAIRS if study else ()),
+            decompose=DECOMPOSED if study else (),
+        )
+
+
+def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, analysis: Analysis, lora_s: dict):
+    """Per space, the per-prompt cells (``analyse_prompt``) of every prompt kept at horizon ``h``, and what the
+    summary reports beside them: the prompts used, mean lengths, tail bounds, seconds, adapter Grams missing."""
+    spaces = run.spaces
+    per_prompt = {space: [] for space in spaces}
+    bounds, subset_sizes, mean_len, kept_rows, lora_missing = [], [], [], [], []
+    t_head = t_lora = 0.0
     generator = torch.Generator()
-    for h in horizons:
-        per_prompt = {space: [] for space in spaces}
-        bounds, subset_sizes, mean_len, kept_rows, lora_missing = [], [], [], [], []
-        t_head = t_lora = 0.0
-        for p in kept[h]:
-            comps, rewards = pools[p]["records"], rewards_at[(p, h)]
-            R, proxy, mask = prompt_tensors(comps, rewards, h)
-            grams = {}
-            t0 = time.perf_counter()
-            if "lm_head" in spaces:
-                cut = [{k: v[:h] for k, v in c.items()} for c in comps]
-                grams["lm_head"], bound, subset = token_gram(cut, head_weight, temperature)
-                bounds.append(bound)
-                subset_sizes.append(subset)
-            t1 = time.perf_counter()
-            if "lora" in spaces and h in lora_horizons:
-                gram_path = cache / f"{key}-p{p:03d}-lora-h{h}-d{sketch_dim}.pt"
-                if gram_path.exists() or time.perf_counter() < deadline:
-                    lora = cached_lora_gram(adapter, pools[p], cache, key, p, h, sketch_dim, temperature)
-                    grams["lora"] = lora["K"]
-                    lora_s[p] = lora["seconds"]
-                else:
-                    lora_missing.append(p)
-            t2 = time.perf_counter()
-            for space, K in grams.items():
-                # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
-                generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
-                per_prompt[space].append(
-                    analyse_prompt(
-                        K, R, proxy, mask, Ns, num_groups, generator, estimators, decompose, args.decompose_Ns
-                    )
+    for p in pools.kept[h]:
+        comps, rewards = pools.data[p]["records"], pools.rewards[(p, h)]
+        R, proxy, mask = prompt_tensors(comps, rewards, h)
+        grams = {}
+        t0 = time.perf_counter()
+        if "lm_head" in spaces:
+            cut = [{k: v[:h] for k, v in c.items()} for c in comps]
+            grams["lm_head"], bound, subset = token_gram(cut, head_weight, run.temperature)
+            bounds.append(bound)
+            subset_sizes.append(subset)
+        t1 = time.perf_counter()
+        if "lora" in spaces and h in run.lora_horizons:
+            gram_path = run.cache / f"{run.key}-p{p:03d}-lora-h{h}-d{run.sketch_dim}.pt"
+            if gram_path.exists() or time.perf_counter() < run.deadline:
+                lora = cached_lora_gram(
+                    adapter, pools.data[p], run.cache, run.key, p, h, run.sketch_dim, run.temperature
                 )
-            t3 = time.perf_counter()
-            t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
-            t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
-            kept_rows.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards), "seed": pools[p]["seed"]})
-            mean_len.append(float(mask.sum(1).float().mean()))
-        for space in spaces:
-            if space == "lora" and h not in lora_horizons:
-                continue
-            rows = per_prompt[space]
-            generator.manual_seed(args.seed * 31 + h)
-            table, paired = (
-                summarise(rows, Ns, args.bootstrap, generator, list(estimators), pairs) if rows else ({}, {})
-            )
-            decomposition = (
-                decomposition_summary(rows, table, [n for n in Ns if n in args.decompose_Ns], decompose)
-                if rows and decompose
-                else None
-            )
-            answer = matching_n(table, Ns) if table and 4 in Ns else None
-            analysis_s[space][str(h)] = t_head if space == "lm_head" else t_lora
-            used = [r for r in kept_rows if space != "lora" or r["prompt"] not in lora_missing]
-            results[space][str(h)] = {
-                "horizon": h,
-                "prompts_kept": used,
-                "prompts_target": target,
-                "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
-                "tail_bound_max": max(bounds, default=0.0) if space == "lm_head" else 0.0,
-                "vocab_subset_sizes": subset_sizes if space == "lm_head" else [],
-                "grpo_N_matching_otb_N4": answer,
-                "grpo_std_N_matching_otb_N4": matching_n(table, Ns, "grpo_std") if answer is not None else None,
-                "table": table,
-                "paired": paired,
-                "decomposition": decomposition,
-                "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
-                if space == "lora"
-                else None,
-            }
-            print(
-                f"{space}, horizon {h}: {len(rows)} prompts, mean length {results[space][str(h)]['mean_completion_tokens']:.1f}"
-            )
-            for k, row in table.items():
-                print(
-                    f"  {k:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
-                    f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+                grams["lora"] = lora["K"]
+                lora_s[p] = lora["seconds"]
+            else:
+                lora_missing.append(p)
+        t2 = time.perf_counter()
+        for space, K in grams.items():
+            # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
+            generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
+            per_prompt[space].append(
+                analyse_prompt(
+                    K, R, proxy, mask, run.Ns, run.num_groups, generator, analysis.estimators, analysis.decompose,
+                    args.decompose_Ns,
                 )
-            for k, t in paired.items():
-                print(
-                    f"  {k:16s} diff {t['diff']:.4g} [{t['diff_ci'][0]:.4g}, {t['diff_ci'][1]:.4g}] ratio "
-                    f"{t['ratio']:.3f} [{t['ratio_ci'][0]:.3f}, {t['ratio_ci'][1]:.3f}]"
-                    f"{'  significant' if t['significant'] else ''}"
-                )
-            print(f"  GRPO N matching OTB at N=4 (rescaled variance): {answer}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "command": " ".join(["python benchmarks/variance.py", *sys.argv[1:]]),
+            )  # fmt: skip
+        t3 = time.perf_counter()
+        t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
+        t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
+        kept_rows.append({"prompt": p, "mean_reward": sum(rewards) / len(rewards), "seed": pools.data[p]["seed"]})
+        mean_len.append(float(mask.sum(1).float().mean()))
+    return {
+        "per_prompt": per_prompt,
+        "bounds": bounds,
+        "subset_sizes": subset_sizes,
+        "mean_len": mean_len,
+        "kept_rows": kept_rows,
+        "lora_missing": lora_missing,
+        "seconds": {"lm_head": t_head, "lora": t_lora},
+    }
+
+
+def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) -> dict:
+    """The JSON entry of one space at horizon ``h``: the bootstrap table, the paired tests, the decomposition."""
+    rows = cells["per_prompt"][space]
+    generator = torch.Generator().manual_seed(args.seed * 31 + h)
+    table, paired = (
+        summarise(rows, run.Ns, args.bootstrap, generator, list(analysis.estimators), analysis.pairs)
+        if rows
+        else ({}, {})
+    )
+    decomposition = (
+        decomposition_summary(rows, table, [n for n in run.Ns if n in args.decompose_Ns], analysis.decompose)
+        if rows and analysis.decompose
+        else None
+    )
+    answer = matching_n(table, run.Ns) if table and 4 in run.Ns else None
+    lora_missing = cells["lora_missing"]
+    mean_len = cells["mean_len"]
+    return {
+        "horizon": h,
+        "prompts_kept": [r for r in cells["kept_rows"] if space != "lora" or r["prompt"] not in lora_missing],
+        "prompts_target": run.target,
+        "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
+        "tail_bound_max": max(cells["bounds"], default=0.0) if space == "lm_head" else 0.0,
+        "vocab_subset_sizes": cells["subset_sizes"] if space == "lm_head" else [],
+        "grpo_N_matching_otb_N4": answer,
+        "grpo_std_N_matching_otb_N4": matching_n(table, run.Ns, "grpo_std") if answer is not None else None,
+        "table": table,
+        "paired": paired,
+        "decomposition": decomposition,
+        "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
+        if space == "lora"
+        else None,
+    }
+
+
+def print_summary(space, h, res: dict, prompts: int) -> None:
+    print(f"{space}, horizon {h}: {prompts} prompts, mean length {res['mean_completion_tokens']:.1f}")
+    for k, row in res["table"].items():
+        print(
+            f"  {k:16s} var {row['var']:.4g}  mse {row['mse']:.4g}  scale {row['scale']:.3f}  "
+            f"var_scaled {row['var_scaled']:.4g} [{row['var_scaled_ci'][0]:.4g}, {row['var_scaled_ci'][1]:.4g}]"
+        )
+    for k, t in res["paired"].items():
+        print(
+            f"  {k:16s} diff {t['diff']:.4g} [{t['diff_ci'][0]:.4g}, {t['diff_ci'][1]:.4g}] ratio "
+            f"{t['ratio']:.3f} [{t['ratio_ci'][0]:.3f}, {t['ratio_ci'][1]:.3f}]"
+            f"{'  significant' if t['significant'] else ''}"
+        )
+    print(f"  GRPO N matching OTB at N=4 (rescaled variance): {res['grpo_N_matching_otb_N4']}")
+
+
+def run_meta(args, run: Plan, pools: Pools, lora_s: dict, analysis_s: dict, start: float) -> dict:
+    q = args.quick
+    return {
+        "command": command("variance.py"),
         "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
         "task": "synthetic" if q else args.task,
         "count_targets": args.count_targets if args.task == "count" and not q else None,
-        "spaces": spaces,
-        "temperature": temperature,
-        "prompts_target": target,
-        "candidates": candidates,
-        "candidates_tried": len(pools),
-        "pool": pool_size,
-        "sample_horizon": sample_horizon,
+        "spaces": run.spaces,
+        "temperature": run.temperature,
+        "prompts_target": run.target,
+        "candidates": run.candidates,
+        "candidates_tried": len(pools.data),
+        "pool": run.pool_size,
+        "sample_horizon": run.sample_horizon,
         "seed": args.seed,
-        "cache_key": key,
-        "Ns": Ns,
-        "groups_per_prompt": num_groups,
+        "cache_key": run.key,
+        "Ns": run.Ns,
+        "groups_per_prompt": run.num_groups,
         "bootstrap": args.bootstrap,
         "intervals": "95% percentile bootstrap; `*_ci`: prompts resampled, then groups within each (two levels); "
         "`*_ci_groups`: prompts fixed, groups resampled; the scale a is re-estimated in every resample",
@@ -1054,14 +1122,14 @@ def main():
             "r": 16,
             "alpha": 32,
             "target_modules": "all-linear",
-            "sketch_dim": sketch_dim,
-            "horizons": lora_horizons,
+            "sketch_dim": run.sketch_dim,
+            "horizons": run.lora_horizons,
         }
-        if "lora" in spaces
+        if "lora" in run.spaces
         else None,
-        "missing": missing if short else None,
+        "missing": pools.missing,
         "cost": {
-            "sample_seconds_per_pool": {str(p): d["sample_seconds"] for p, d in pools.items()},
+            "sample_seconds_per_pool": {str(p): d["sample_seconds"] for p, d in pools.data.items()},
             "adapter_gram_seconds_per_prompt": {str(p): t for p, t in lora_s.items()},
             "analysis_seconds": analysis_s,
             "note": "sampling and adapter-gradient seconds were measured when each was computed (possibly by an "
@@ -1069,8 +1137,51 @@ def main():
         },
         "total_seconds": time.perf_counter() - start,
     }
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    plot(results, Ns, horizons, out / f"{stem}.png")
+
+
+def replot(args) -> None:
+    """Redraw the PNG from the JSON in ``--out``."""
+    out, stem = Path(args.out), output_stem(args)
+    data = json.loads((out / f"{stem}.json").read_text())
+    horizons = sorted(int(h) for h in next(iter(data["results"].values())))
+    plot(data["results"], data["meta"]["Ns"], horizons, out / f"{stem}.png")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.replot:
+        return replot(args)
+    torch.set_num_threads(args.threads)
+    run = plan(args)
+    start = time.perf_counter()
+    model, tokenizer, prompts, reward_fn = setup(args.quick, run.candidates, args.seed, args.task, args.count_targets)
+    model.eval()
+    pools = collect_pools(model, tokenizer, prompts, reward_fn, args, run)
+    if args.sample_only:
+        print(f"pools cached in {run.cache} ({time.perf_counter() - start:.0f} s)")
+        return
+
+    analysis = Analysis.of(args.study)
+    head_weight = model.get_output_embeddings().weight.detach()
+    adapter = None
+    if "lora" in run.spaces:
+        adapter = attach_adapter(model)
+        adapter.eval()
+    results = {space: {} for space in run.spaces}
+    analysis_s = {space: {} for space in run.spaces}
+    lora_s = {}  # prompt -> seconds its adapter Gram matrix took
+    for h in run.horizons:
+        cells = analyse_horizon(h, pools, head_weight, adapter, args, run, analysis, lora_s)
+        for space in run.spaces:
+            if space == "lora" and h not in run.lora_horizons:
+                continue
+            analysis_s[space][str(h)] = cells["seconds"][space]
+            results[space][str(h)] = summarise_space(space, h, cells, args, run, analysis)
+            print_summary(space, h, results[space][str(h)], len(cells["per_prompt"][space]))
+    out, stem = Path(args.out), output_stem(args)
+    meta = run_meta(args, run, pools, lora_s, analysis_s, start)
+    write_json(out / f"{stem}.json", {"meta": meta, "results": results})
+    plot(results, run.Ns, run.horizons, out / f"{stem}.png")
     print(f"wrote {out / stem}.json and .png ({meta['total_seconds']:.0f} s)")
 
 

@@ -14,6 +14,7 @@ import torch
 from trl_otb.testing import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
+common = load_script(ROOT / "benchmarks" / "common.py")
 sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
 variance = load_script(ROOT / "benchmarks" / "variance.py")
 
@@ -48,6 +49,26 @@ def per_token_head_gradients(model, input_ids, attention_mask, comp, lengths):
             (grad,) = torch.autograd.grad(logp[i, t], weight, retain_graph=True)
             grads.append(grad.double())
     return torch.stack(grads)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_statistics_follow_the_definitions(tiny_model, temperature):
+    """log Z, log pi(y) and sum_v pi(v)^2 of every completion token, against the softmax in fp64."""
+    tiny_model.eval()
+    input_ids, attention_mask, comp, lengths = tiny_pool(tiny_model)
+    h, log_z, logp_y, sum_sq, top = variance.head_statistics(
+        tiny_model, input_ids, attention_mask, comp, temperature, 8
+    )
+    L = comp.shape[1]
+    with torch.no_grad():
+        z = tiny_model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -L - 1 : -1].double()
+    z = z / temperature
+    pi = torch.softmax(z, dim=-1)
+    assert sum_sq.dtype == torch.float32 and h.shape[:2] == comp.shape and top.shape == (*comp.shape, 8)
+    assert torch.allclose(sum_sq.double(), pi.square().sum(-1), rtol=1e-5, atol=0)
+    assert torch.allclose(log_z.double(), torch.logsumexp(z, dim=-1), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(logp_y.double(), pi.log().gather(-1, comp[..., None]).squeeze(-1), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(z.gather(-1, top), z.topk(8, dim=-1).values, atol=1e-5)  # the 8 largest, ties aside
 
 
 @pytest.mark.parametrize("top_k", [None, 8], ids=["full-vocab", "top8-subset"])
@@ -227,6 +248,29 @@ def test_quick_mode_writes_json_and_png(script, tmp_path):
     data = json.loads((tmp_path / f"{stem}.json").read_text())
     assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_random_models_follow_their_shape(tiny_tokenizer):
+    """common.build_random_model: the config of SHAPES (or the given vocabulary), the same weights for a seed, and a
+    clear error for a vocabulary the tokenizer does not fit in."""
+    spec = common.SHAPES["tiny-qwen2"]
+    model = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert all(getattr(model.config, k) == v for k, v in spec.items() if k not in ("arch", "rope_theta"))
+    assert model.config.rope_parameters["rope_theta"] == spec["rope_theta"]
+    assert model.generation_config.eos_token_id == tiny_tokenizer.eos_token_id
+    again = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    own = common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer))
+    assert own.config.vocab_size == own.get_output_embeddings().weight.shape[0] == len(tiny_tokenizer)
+    with pytest.raises(ValueError, match="vocabulary smaller than the tokenizer"):
+        common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 1)
+
+
+def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the plots extra sees
+    with pytest.raises(ImportError, match=r"pip install 'trl-otb\[plots\]'"):
+        common.pyplot()
 
 
 def test_overhead_pieces_time_each_piece():

@@ -1,0 +1,205 @@
+"""What the benchmark scripts share: model shapes built from a config (random weights, no download), the prompts and
+reward of the timed trainer runs, a step clock, one timed GRPOTrainer or OTBTrainer run, the JSON and plot writers.
+
+The scripts run as ``python benchmarks/<script>.py``, which puts this folder first on ``sys.path``; they import this
+module as ``common``. Heavy packages (torch, transformers, TRL) are imported inside the functions: a script may set
+its environment (threads, vLLM's CPU settings) before torch loads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+N = 4
+"""Completions per prompt in the timed trainer runs."""
+
+_SHAPE_FIELDS = (
+    "arch",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+)
+SHAPES = {
+    name: {**dict(zip(_SHAPE_FIELDS, values)), "tie_word_embeddings": True}
+    for name, values in {
+        # Qwen2.5-0.5B's config.json shapes.
+        "qwen2.5-0.5b": ("qwen2", 151936, 896, 4864, 24, 14, 2, 32768, 1000000.0, 1e-6),
+        # SmolLM2-360M's config.json shapes.
+        "smollm2-360m": ("llama", 49152, 960, 2560, 32, 15, 5, 8192, 100000.0, 1e-5),
+        # The dry run's shape: the same architecture class as qwen2.5-0.5b, tiny.
+        "tiny-qwen2": ("qwen2", 1024, 64, 128, 2, 4, 2, 4096, 1000000.0, 1e-6),
+        # SmolLM2-135M's layer sizes, 2048 positions, LlamaConfig's default rope_theta and eps: the model of the
+        # sample-efficiency job's "random-smollm2" (which gives it the tokenizer's vocabulary).
+        "smollm2-135m-layers": ("llama", 49152, 576, 1536, 30, 9, 3, 2048, 10000.0, 1e-6),
+    }.items()
+}
+"""Model configs by name: the architecture (``qwen2`` or ``llama``) and the fields of its transformers config."""
+
+
+def build_random_model(shape: str, tokenizer, device: str = "cpu", dtype=None, seed: int = 0, vocab_size=None):
+    """A randomly initialised causal LM with ``shape``'s config (``SHAPES``; ``vocab_size`` replaces the shape's),
+    built on ``device`` (no download)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    spec = dict(SHAPES[shape])
+    arch = spec.pop("arch")
+    spec["vocab_size"] = vocab_size or spec["vocab_size"]
+    if spec["vocab_size"] < len(tokenizer):
+        raise ValueError(f"shape {shape!r} has a vocabulary smaller than the tokenizer's ({len(tokenizer)})")
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(**spec, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timed trainer runs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def cheap_reward(completion_ids, **kwargs):
+    """Deterministic, varies within groups, costs nothing: keeps the timing on the trainer."""
+    return [float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) for ids in completion_ids]
+
+
+def prompt_dataset(count: int = 64):
+    """The timed runs' training prompts: ``count`` conversational addition questions."""
+    from datasets import Dataset
+
+    prompts = [f"Add {i} and {i % 7 + 2}. Put the final answer in \\boxed{{}}." for i in range(count)]
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA); nothing on a CPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def step_clock(device: str = "cpu"):
+    """A trainer callback that records each optimizer step's wall time (``wall``, CUDA synchronised at the step's
+    start and end) and this process's CPU time (``cpu``)."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.wall, self.cpu = [], []
+
+        def on_step_begin(self, *args, **kwargs):
+            sync(device)
+            self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *args, **kwargs):
+            sync(device)
+            self.wall.append(time.perf_counter() - self._wall)
+            self.cpu.append(time.process_time() - self._cpu)
+
+    return StepClock()
+
+
+def timed_training(
+    trainer_name: str,
+    model,
+    tokenizer,
+    *,
+    prompts_per_step: int,
+    device: str = "cpu",
+    peft_config=None,
+    print_logs: bool = True,
+    **config,
+):
+    """Train GRPOTrainer (``trainer_name`` "grpo") or OTBTrainer ("otb") on ``prompt_dataset`` with ``cheap_reward``,
+    N completions per prompt, ``prompts_per_step`` prompts per step. ``config`` holds the rest of the trainer's
+    arguments (``output_dir``, ``max_steps``, ``seed``, ...); the reward is not scaled, nothing is saved or reported.
+    Returns (trainer, clock): the trained trainer and its ``step_clock``."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_otb import OTBConfig, OTBTrainer
+
+    config_cls, trainer_cls = (OTBConfig, OTBTrainer) if trainer_name == "otb" else (GRPOConfig, GRPOTrainer)
+    args = config_cls(
+        per_device_train_batch_size=N * prompts_per_step,
+        num_generations=N,
+        scale_rewards="none",
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        temperature=1.0,
+        disable_tqdm=True,
+        **config,
+    )
+    clock = step_clock(device)
+    trainer = trainer_cls(
+        model,
+        reward_funcs=cheap_reward,
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[clock],
+    )
+    if not print_logs:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the logs of every step would flood the output
+    trainer.train()
+    return trainer, clock
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def command(script: str) -> str:
+    """The command line that ran ``script`` (a file name in benchmarks/), as the JSON's ``meta.command``."""
+    return " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` (indent 1) to ``path`` through a temporary file: a run stopped mid-write leaves the last
+    complete file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display); a clear ImportError without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(
+            "The benchmark plots need matplotlib, an optional extra: pip install 'trl-otb[plots]' (the JSON results "
+            "are written before the plot)."
+        ) from err
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
