@@ -518,12 +518,18 @@ def test_bad_proxy_outside_the_mask_is_ignored():
 # ----------------------------------------------------------------------------------------------
 
 
-@SETTINGS
-@given(
-    x=otb_inputs(),
+# Every combination of OTB's options, drawn by the property tests below.
+OTB_OPTIONS = dict(
     tail=st.sampled_from(["zero", "none"]),
     align=st.sampled_from(["position", "valid"]),
     leave_one_out=st.booleans(),
+)
+
+
+@SETTINGS
+@given(
+    x=otb_inputs(),
+    **OTB_OPTIONS,
     eps=st.sampled_from([1e-8, 1e-3, 0.5]),
 )
 def test_otb_matches_loop_reference_fp64(x, tail, align, leave_one_out, eps):
@@ -538,9 +544,7 @@ def test_otb_matches_loop_reference_fp64(x, tail, align, leave_one_out, eps):
 @SETTINGS
 @given(
     x=otb_inputs(),
-    tail=st.sampled_from(["zero", "none"]),
-    align=st.sampled_from(["position", "valid"]),
-    leave_one_out=st.booleans(),
+    **OTB_OPTIONS,
 )
 def test_otb_matches_loop_reference_fp32(x, tail, align, leave_one_out):
     options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
@@ -610,9 +614,7 @@ def test_equal_weights_and_lengths_give_the_group_mean(sizes, L, w, data):
 @given(
     x=otb_inputs(),
     extra=st.integers(1, 4),
-    tail=st.sampled_from(["zero", "none"]),
-    align=st.sampled_from(["position", "valid"]),
-    leave_one_out=st.booleans(),
+    **OTB_OPTIONS,
 )
 def test_extra_right_padding_changes_nothing(x, extra, tail, align, leave_one_out):
     options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
@@ -633,9 +635,7 @@ def test_extra_right_padding_changes_nothing(x, extra, tail, align, leave_one_ou
 @given(
     x=otb_inputs(),
     data=st.data(),
-    tail=st.sampled_from(["zero", "none"]),
-    align=st.sampled_from(["position", "valid"]),
-    leave_one_out=st.booleans(),
+    **OTB_OPTIONS,
 )
 def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, tail, align, leave_one_out):
     options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
@@ -652,9 +652,7 @@ def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, tail, 
 @given(
     x=otb_inputs(proxy_min=0.05, min_rho=0.5),
     c=st.floats(-10, 10),
-    tail=st.sampled_from(["zero", "none"]),
-    align=st.sampled_from(["position", "valid"]),
-    leave_one_out=st.booleans(),
+    **OTB_OPTIONS,
 )
 def test_shift_invariance_except_where_baseline_is_forced_to_zero(x, c, tail, align, leave_one_out):
     options = dict(tail=tail, align=align, leave_one_out=leave_one_out)

@@ -222,6 +222,11 @@ class OTBTrainer(GRPOTrainer):
                 batch_size=batch_size,
                 **forward_kwargs,
             )
+        if not capture.passes:
+            raise RuntimeError(
+                "OTBTrainer's log-prob pass recorded no log_sum_sq_probs: the model's forward did not run through the "
+                "fused LM head OTBTrainer patched. Set otb_proxy='uniform' if the model cannot use it."
+            )
         return capture.passes[-1]
 
     # --- arrow 2: token-level advantages on whole groups: gather, estimate, log -------------------------------
