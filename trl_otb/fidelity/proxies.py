@@ -14,7 +14,7 @@ hidden    ``||W_head^T (e_y - pi)||^2 / T^2 = ||d log pi(y_t) / d h_t||^2``: the
           the LM head's input, the signal that every adapter below it is trained from
 ========  ===================================================================================
 
-Not to be confused with ``trl_otb.config.PROXIES``, the proxies training can use (``logit``, ``uniform``).
+Not to be confused with ``trl_otb.config.TRAINING_PROXIES``, the proxies training can use (``logit``, ``uniform``).
 """
 
 from __future__ import annotations
