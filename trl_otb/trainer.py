@@ -26,7 +26,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
 from . import compat, sharding
-from .capture import BatchCapture, GatheredGroups
+from .capture import BatchCapture, GatheredGroups, LogProbPass
 from .card import trainer_model_card
 from .config import OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
@@ -202,14 +202,14 @@ class OTBTrainer(GRPOTrainer):
             return uniform_proxy(batch["completion_mask"])
         stats = capture.rollout_pass(batch.get("old_per_token_logps"))
         if stats is None and capture.sampling_stats is not None:
-            stats = capture.sampling_stats.finish(batch["completion_ids"])
+            sampled = capture.sampling_stats.finish(batch["completion_ids"])  # None if it cannot be aligned
+            stats = None if sampled is None else LogProbPass(*sampled)
         if stats is None:
             stats = self._otb_extra_pass(batch, capture)
-        logps, log_sum_sq = stats if isinstance(stats, tuple) else (stats.logps, stats.log_sum_sq_probs)
         # Positions whose label is -100 hold 0 in log space; the mask removes them downstream.
-        return logit_gradient_proxy(logps, torch.exp(log_sum_sq.float()))
+        return logit_gradient_proxy(stats.logps, torch.exp(stats.log_sum_sq_probs.float()))
 
-    def _otb_extra_pass(self, batch: dict, capture: BatchCapture):
+    def _otb_extra_pass(self, batch: dict, capture: BatchCapture) -> LogProbPass:
         train = self.model.training
         batch_size = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
         forward_kwargs = {k: batch[k] for k in _FORWARD_KEYS if k in batch}
