@@ -185,19 +185,10 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display); a clear ImportError without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise ImportError(
-            "The benchmark plots need matplotlib, an optional extra: pip install 'trl-otb[plots]' (the JSON results "
-            "are written before the plot)."
-        ) from err
+    """matplotlib's pyplot on the Agg backend; without the plots extra, an ImportError that names it."""
+    from trl_otb.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot("Plotting the benchmark results", otherwise="the JSON results are written before the plot")
 
 
 def save_figure(fig, path: Path) -> None:

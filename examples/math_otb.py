@@ -31,6 +31,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from trl_otb import OTBConfig, OTBTrainer
 from trl_otb.card import CardResults
+from trl_otb.plotting import pyplot
 from trl_otb.recipes.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
 from trl_otb.recipes.hub import HubPreflightError, base_model_hub_id, preflight_hub
 from trl_otb.recipes.models import (
@@ -251,24 +252,17 @@ def completion_tokens(log_history: list[dict], args: OTBConfig, world_size: int)
     return round(total)
 
 
-def require_matplotlib() -> None:
-    """Fail before training, not after it, when `training.png` cannot be drawn."""
+def training_pyplot():
+    """pyplot for `training.png`; SystemExit naming the plots extra when matplotlib is missing."""
     try:
-        import matplotlib  # noqa: F401
+        return pyplot("Plotting this example's training curves (training.png)")
     except ImportError as err:
-        raise SystemExit(
-            "error: this example plots its training curves (training.png) with matplotlib, which is not installed. "
-            "Install trl-otb's `plots` extra: `pip install 'trl-otb[plots]'`."
-        ) from err
+        raise SystemExit(f"error: {err}") from err
 
 
 def plot_training(log_history: list[dict], summary: dict, path: Path) -> None:
     """Reward, accuracy and every `otb/` diagnostic against the step, one panel each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = training_pyplot()
     logs = [entry for entry in log_history if "reward" in entry]
     otb_keys = sorted({key for entry in logs for key in entry if key.startswith("otb/")})
     panels = ["reward", "rewards/accuracy_reward/mean", *otb_keys]
@@ -299,7 +293,7 @@ def plot_training(log_history: list[dict], summary: dict, path: Path) -> None:
 
 def main(script_args, math_args, training_args, model_args) -> dict:
     start = time.perf_counter()
-    require_matplotlib()
+    training_pyplot()  # fail before training, not after it, when `training.png` cannot be drawn
     if training_args.push_to_hub:  # fail now, not after an hour of training
         try:
             hub_id = training_args.hub_model_id or Path(training_args.output_dir).name

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from ..plotting import pyplot
 from .peft import PEFT_PATHS, prepare_peft_model, training_path
 from .report import FidelityReport, fidelity_check, format_table
 from .sampling import DEFAULT_PROMPTS, sample_completions
@@ -64,18 +65,8 @@ def run_fidelity_check(
 
 
 def _pyplot():
-    """matplotlib's pyplot on the non-interactive Agg backend; a clear ImportError when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise ImportError(
-            "Plotting needs matplotlib, an optional extra: pip install 'trl-otb[plots]' (or pass no plot option, "
-            "e.g. drop --plot)."
-        ) from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """pyplot for the ``--plot`` scatter; without matplotlib, an ImportError naming the plots extra."""
+    return pyplot(otherwise="or pass no plot option, e.g. drop --plot")
 
 
 def plot_reports(reports: dict[str, FidelityReport], filename: str, proxies=("logit", "hidden")) -> None:
