@@ -28,7 +28,7 @@ from trl.trainer.utils import add_fused_lm_head
 from . import compat, sharding
 from .capture import BatchCapture, GatheredGroups, LogProbPass
 from .card import trainer_model_card
-from .config import OTBConfig
+from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .fidelity.bnb import guard_4bit_cpu_repack
@@ -126,7 +126,7 @@ class OTBTrainer(GRPOTrainer):
         self._otb_log(groups, advantages, mode)
         every = self.args.otb_fidelity_check_steps
         if mode == "train" and every and self.state.global_step % every == 0:
-            self._otb_fidelity(batch, groups.rewards[groups.rows])
+            self._otb_fidelity(batch, groups)
         return batch
 
     @contextlib.contextmanager
@@ -271,13 +271,8 @@ class OTBTrainer(GRPOTrainer):
         if name == "grpo":
             # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
             return groups.trl_advantages[:, None] * groups.mask
-        options = {
-            "eps": self.args.otb_epsilon,
-            "tail": self.args.otb_tail,
-            "is_weights": groups.is_weights,
-            "align": groups.align,
-            "leave_one_out": self.args.otb_leave_one_out,
-        }
+        options = {option: getattr(self.args, field) for field, option in ESTIMATOR_OPTION_FIELDS.items()}
+        options.update(align=groups.align, is_weights=groups.is_weights)  # resolved for this batch
         taken = {k: v for k, v in options.items() if k in ESTIMATORS[name].options}
         return compute_advantages(name, groups.rewards, groups.proxy, groups.mask, groups.group_ids, **taken)
 
@@ -301,19 +296,18 @@ class OTBTrainer(GRPOTrainer):
 
     # --- the in-training fidelity check -------------------------------------------------------------------------
 
-    def _otb_fidelity(self, batch: dict, rewards: torch.Tensor) -> None:
+    def _otb_fidelity(self, batch: dict, groups: GatheredGroups) -> None:
         """Proxy vs exact per-token gradient norms on a few rows of this process (docs/fidelity.md)."""
         # Under FSDP2/ZeRO-3 each rank holds a slice of every parameter: gather them into a plain copy (collective).
         model = self.model if self._otb_engine is None else sharding.full_replica(self.model, self._otb_engine)
-        n = batch["completion_ids"].size(0)
         local = batch_fidelity(
             model,
             batch,
             _loss_mask(batch),
-            rewards,
+            groups.rewards[groups.rows],
             self.args.otb_fidelity_rows,
             self.temperature,
-            first_row=self.accelerator.process_index * n,
+            first_row=groups.rows.start,
             num_generations=self.num_generations,
         )
         values = self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).nanmean(0).tolist()
