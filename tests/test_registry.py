@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_otb import ESTIMATORS, compute_advantages, otb_advantages
+from trl_otb import ESTIMATORS, InfiniteRewardWarning, compute_advantages, otb_advantages
 from trl_otb.core import Estimator, register_estimator
 
 SETTINGS = settings(deadline=None, max_examples=80, derandomize=True)
@@ -137,3 +139,21 @@ def test_the_core_imports_torch_only():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_infinite_rewards_are_excluded_like_nan_but_warned(name):
+    rewards = torch.tensor([1.0, math.inf, 0.0, 2.0])
+    with pytest.warns(InfiniteRewardWarning, match=r"1 of 4 rewards are infinite \(rows \[1\]\)"):
+        got = compute_advantages(name, rewards, INPUTS["proxy"], INPUTS["mask"], INPUTS["group_ids"])
+    assert (got[1] == 0).all()
+    as_nan = compute_advantages(
+        name, rewards.nan_to_num(posinf=math.nan), INPUTS["proxy"], INPUTS["mask"], INPUTS["group_ids"]
+    )
+    assert torch.equal(got, as_nan)
+
+
+def test_finite_rewards_raise_no_infinite_reward_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfiniteRewardWarning)
+        otb_advantages(**INPUTS)

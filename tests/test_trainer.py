@@ -3,13 +3,16 @@ contract defines, computed from statistics we recompute independently here."""
 
 from __future__ import annotations
 
+import gc
 import math
+import warnings
+import weakref
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_otb import OTBTrainer, grpo_advantages, otb_advantages
+from trl_otb import InfiniteRewardWarning, OTBTrainer, grpo_advantages, otb_advantages
 from trl_otb.config import TOKEN_LEVEL_LOSSES
 from trl_otb.testing import (
     N,
@@ -113,6 +116,74 @@ def test_unscorable_rows_are_excluded_from_their_group(tiny_model_dir, tmp_path)
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
 
 
+class InfiniteOnRows(RecordingReward):
+    """RecordingReward, except +inf on row 1 and -inf on row 6 of every batch (a buggy reward function)."""
+
+    __name__ = "buggy_reward"
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        out = super().__call__(completions, completion_ids, **kwargs)
+        out[1], out[6] = math.inf, -math.inf
+        return out
+
+
+@pytest.mark.parametrize("estimator", ["otb", "grpo"])
+def test_infinite_rewards_are_unscorable_warned_and_counted(tiny_model_dir, tmp_path, estimator):
+    reward = InfiniteOnRows()
+    args = make_args(tmp_path, advantage_estimator=estimator)
+    trainer = OTBTrainer(
+        tiny_model_dir, reward_funcs=[reward, RecordingReward()], args=args, train_dataset=prompts_dataset()
+    )
+    trainer.model.train()  # as during training: the metrics go to "train"
+    with pytest.warns(InfiniteRewardWarning, match=r"'buggy_reward' on 2 of 8 completions") as caught:
+        batch = trainer._generate_and_score_completions(generation_inputs())
+    assert "recording_reward" not in str(caught[0].message)  # the finite function is not blamed
+    assert trainer._metrics["train"]["otb/infinite_rewards"] == [2.0]
+    advantages = batch["advantages"]
+    assert torch.isfinite(advantages).all()
+    assert (advantages[1] == 0).all() and (advantages[6] == 0).all()
+    # The others are what the estimator gives with those two rows unscorable (NaN): they left their groups.
+    rewards = torch.tensor([math.nan if i in (1, 6) else 2 * r for i, r in enumerate(reward.calls[-1])])
+    mask = batch["completion_mask"]
+    if estimator == "otb":
+        _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+        expected = otb_advantages(rewards, proxy.float(), mask, torch.arange(8) // N)
+    else:
+        expected = grpo_advantages(rewards, torch.ones(mask.shape), mask, torch.arange(8) // N, scale="none")
+    assert torch.allclose(advantages, expected, atol=1e-5)
+    # A batch without infinite rewards logs a count of 0 and says nothing.
+    trainer.reward_funcs = [RecordingReward(), RecordingReward()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfiniteRewardWarning)
+        trainer._generate_and_score_completions(generation_inputs())
+    assert trainer._metrics["train"]["otb/infinite_rewards"] == [2.0, 0.0]
+
+
+def test_two_trainers_on_one_model(tiny_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    first = OTBTrainer(
+        model, reward_funcs=RecordingReward(), args=make_args(tmp_path), train_dataset=prompts_dataset()
+    )
+    first.train()
+    assert len(model._forward_hooks) == 1
+    first_ref = weakref.ref(first)
+    reward = RecordingReward()
+    # A repetition penalty: generate's scores are not the sampling distribution, so the second trainer runs its
+    # own log-prob pass, recorded by its forward hook.
+    args = make_args(tmp_path / "second", repetition_penalty=1.05)
+    second = OTBTrainer(model, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
+    del first
+    gc.collect()
+    assert first_ref() is None, "the first trainer is still referenced after a second one wrapped its model"
+    assert len(model._forward_hooks) == 1
+    # The second trainer's advantages are the contract's, from statistics recomputed independently.
+    batch = second._generate_and_score_completions(generation_inputs())
+    _, _, proxy = independent_rollout_stats(second.model, batch, second.temperature)
+    rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
+    expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N)
+    assert torch.allclose(batch["advantages"], expected, atol=1e-5)
+
+
 def test_fully_masked_batch_trains_without_nan(tiny_model_dir, tmp_path):
     # max_completion_length=2 truncates everything; masking truncated completions leaves no token.
     args = make_args(tmp_path, max_completion_length=2, mask_truncated_completions=True, max_steps=2)
@@ -182,6 +253,8 @@ def test_extreme_logits_give_a_finite_proxy_and_loss(tiny_model_dir, tmp_path):
         args=make_args(tmp_path, temperature=1.0),
         train_dataset=prompts_dataset(),
     )
+    trainer.model.train()  # as during training: the metrics go to "train"
     batch = trainer._generate_and_score_completions(generation_inputs())
     assert torch.isfinite(batch["advantages"]).all()
-    assert all(torch.isfinite(torch.tensor(v)) for v in trainer._metrics["train"]["otb/proxy_max"])
+    logged = trainer._metrics["train"]["otb/proxy_max"]
+    assert logged and all(math.isfinite(v) for v in logged)

@@ -6,6 +6,7 @@ import TRL on first use.
 
 from .core import (
     ESTIMATORS,
+    InfiniteRewardWarning,
     compute_advantages,
     grpo_advantages,
     logit_gradient_proxy,
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ESTIMATORS",
+    "InfiniteRewardWarning",
     "OTBConfig",
     "OTBTrainer",
     "compute_advantages",

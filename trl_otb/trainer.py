@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import textwrap
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -29,7 +30,14 @@ from . import compat, sharding
 from .capture import BatchCapture, GatheredGroups, LogProbPass
 from .card import trainer_model_card
 from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
-from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
+from .core import (
+    ESTIMATORS,
+    InfiniteRewardWarning,
+    compute_advantages,
+    logit_gradient_proxy,
+    otb_diagnostics,
+    uniform_proxy,
+)
 from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .fidelity.bnb import guard_4bit_cpu_repack
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
@@ -42,6 +50,21 @@ _FORWARD_KEYS = tuple(
     if name not in ("self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size")
     and not name.startswith("compute_")
 )
+
+
+_HOOK_ATTR = "_trl_otb_forward_hook"
+"""The model attribute holding the handle of the forward hook of the OTBTrainer that last wrapped it."""
+
+
+def _recording_hook(trainer_ref: weakref.ref):
+    """Forward hook: the fused head's output goes into the open capture of the trainer, while it lives."""
+
+    def hook(module, args, output):
+        trainer = trainer_ref()
+        if trainer is not None and trainer._otb_capture is not None:
+            trainer._otb_capture.record_forward(output)
+
+    return hook
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
@@ -94,6 +117,12 @@ class OTBTrainer(GRPOTrainer):
         if args.otb_fidelity_check_steps:
             sharding.check_fidelity_check_supported(self._otb_engine, is_peft_model(self.model))
         self._otb_capture: BatchCapture | None = None  # open only while TRL scores a generation batch
+        # A trainer built earlier on this model object (a notebook cell run twice, a sweep in one process) stops
+        # recording: its hook goes, so one hook remains and the old trainer can be collected.
+        previous = getattr(self.model, _HOOK_ATTR, None)
+        if previous is not None:
+            previous.remove()
+            delattr(self.model, _HOOK_ATTR)
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
             # Patching again wraps TRL's patch; only the fused call path changes.
@@ -104,7 +133,8 @@ class OTBTrainer(GRPOTrainer):
                 cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
-            self.model.register_forward_hook(self._otb_forward_hook)
+            # The hook holds the trainer weakly: the model must not keep a finished trainer alive.
+            setattr(self.model, _HOOK_ATTR, self.model.register_forward_hook(_recording_hook(weakref.ref(self))))
 
     # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
     __init__.__signature__ = inspect.signature(GRPOTrainer.__init__)
@@ -142,9 +172,38 @@ class OTBTrainer(GRPOTrainer):
     # --- the overrides: each records into the open capture and otherwise is TRL's method ----------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = self._otb_unscorable_if_infinite(
+            super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        )
         if self._otb_capture is not None:
             self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = function gave None
+        return rewards_per_func
+
+    def _otb_unscorable_if_infinite(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """A completion with a +-inf reward becomes unscorable (its whole row NaN, TRL's rule for "every function
+        returned None"): it leaves its group and gets advantage 0 in every estimator, TRL's ``grpo`` included, where
+        an infinite reward would otherwise make the whole group's advantages infinite. Warned and counted per step
+        (``otb/infinite_rewards``), never silent."""
+        infinite = torch.isinf(rewards_per_func)
+        rows = infinite.any(dim=1)
+        count = int(rows.sum())
+        self._metrics["train" if self.model.training else "eval"]["otb/infinite_rewards"].append(float(count))
+        if not count:
+            return rewards_per_func
+        if self.accelerator.is_main_process:
+            per_func = ", ".join(
+                f"{name!r} on {int(n)}" for name, n in zip(self.reward_func_names, infinite.sum(dim=0).tolist()) if n
+            )
+            warnings.warn(
+                f"Reward functions returned +inf or -inf ({per_func} of {rewards_per_func.size(0)} completions). "
+                f"Those {count} completions are treated as unscorable: excluded from their group, advantage 0 "
+                "(counted in otb/infinite_rewards). An infinite reward is almost always a bug in the reward function: "
+                "return a finite value, or None for a completion it cannot score.",
+                InfiniteRewardWarning,
+                stacklevel=2,
+            )
+        rewards_per_func = rewards_per_func.clone()
+        rewards_per_func[rows] = torch.nan
         return rewards_per_func
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
@@ -162,10 +221,6 @@ class OTBTrainer(GRPOTrainer):
         finally:
             capture.end_pass(None if result is None else result[0], logits_to_keep)
         return result
-
-    def _otb_forward_hook(self, module, args, output):
-        if self._otb_capture is not None:
-            self._otb_capture.record_forward(output)
 
     def _generate_single_turn(self, *args, **kwargs):
         capture = self._otb_capture

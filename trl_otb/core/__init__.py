@@ -7,6 +7,7 @@
 - :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above
 """
 
+from .checks import InfiniteRewardWarning
 from .diagnostics import otb_diagnostics
 from .estimators import (
     ESTIMATORS,
@@ -28,6 +29,7 @@ __all__ = [
     "GRPO_SCALES",
     "TAILS",
     "Estimator",
+    "InfiniteRewardWarning",
     "OTBTerms",
     "compute_advantages",
     "compute_dtype",

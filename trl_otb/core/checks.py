@@ -18,9 +18,12 @@ finds a negative or non-finite value somewhere.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 __all__ = [
+    "InfiniteRewardWarning",
     "all_clean",
     "bad_on_mask",
     "check_inputs",
@@ -30,9 +33,15 @@ __all__ = [
 ]
 
 
+class InfiniteRewardWarning(UserWarning):
+    """A reward of +inf or -inf: the completion is treated as unscorable (like NaN), which is almost always a bug in
+    the reward function."""
+
+
 def check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Tensor:
     """Validate the shared inputs; return ``mask`` as bool (converted once, for the caller to reuse)."""
     _check_shapes(rewards, proxy, mask, group_ids, is_weights)
+    _warn_infinite_rewards(rewards)
     proxy_clean, weights_clean = _clean(proxy), _clean(is_weights)
     m = mask.bool()
     _check_masked_values(proxy, is_weights, m, proxy_clean, weights_clean)
@@ -42,6 +51,7 @@ def check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Tens
 def check_inputs_clean(rewards, proxy, mask, group_ids, is_weights=None) -> bool:
     """Validate the shared inputs; return whether ``proxy`` and ``is_weights`` are finite and >= 0 everywhere."""
     _check_shapes(rewards, proxy, mask, group_ids, is_weights)
+    _warn_infinite_rewards(rewards)
     proxy_clean, weights_clean = _clean(proxy), _clean(is_weights)
     if proxy_clean and weights_clean:
         return True
@@ -67,6 +77,20 @@ def _check_shapes(rewards, proxy, mask, group_ids, is_weights) -> None:
         is_weights.dim() != 2 or is_weights.shape[0] != B or is_weights.shape[1] not in (1, T)
     ):
         raise ValueError(f"is_weights must be [B, T] or [B, 1] with B={B}, T={T}; got {tuple(is_weights.shape)}.")
+
+
+def _warn_infinite_rewards(rewards: torch.Tensor) -> None:
+    """Infinite rewards are excluded like NaN ones (the estimators' rule), but never silently."""
+    infinite = torch.isinf(rewards)
+    if bool(infinite.any()):
+        rows = infinite.nonzero().squeeze(1).tolist()
+        warnings.warn(
+            f"{len(rows)} of {rewards.numel()} rewards are infinite (rows {rows[:8]}{' ...' if len(rows) > 8 else ''}); "
+            "they are treated like NaN: excluded from their group's baseline, advantage 0. An infinite reward is "
+            "almost always a bug in the reward function.",
+            InfiniteRewardWarning,
+            stacklevel=4,
+        )
 
 
 def _clean(x: torch.Tensor | None) -> bool:
