@@ -304,7 +304,7 @@ def adapter_kind(model) -> str | None:
     """``"qlora"``, ``"lora"`` or None: what :func:`build_model_card` should tell users to load."""
     from accelerate.utils import is_peft_model
 
-    from .fidelity.bnb import is_4bit_model
+    from .bnb import is_4bit_model
 
     if not is_peft_model(model):
         return None

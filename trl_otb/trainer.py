@@ -26,12 +26,12 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
 from . import compat, sharding
+from .bnb import guard_4bit_cpu_repack
 from .capture import BatchCapture, GatheredGroups, LogProbPass
 from .card import trainer_model_card
 from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
-from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
-from .fidelity.bnb import guard_4bit_cpu_repack
+from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the

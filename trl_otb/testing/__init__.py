@@ -261,7 +261,7 @@ def repack_4bit_layers(model, ids, how: str) -> None:
     import pytest
     from bitsandbytes.functional import _convert_weight_packed_for_cpu, has_avx512bf16
 
-    from trl_otb.fidelity.bnb import linear4bit_modules
+    from trl_otb.bnb import linear4bit_modules
 
     if how == "forward":
         if not has_avx512bf16():
