@@ -30,10 +30,10 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 from trl.models.utils import unwrap_model_for_generation
 
 from trl_otb import OTBConfig, OTBTrainer
-from trl_otb.card import CardResults
 from trl_otb.plotting import pyplot
+from trl_otb.recipes.card import CardResults, math_card
 from trl_otb.recipes.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
-from trl_otb.recipes.hub import HubPreflightError, base_model_hub_id, preflight_hub
+from trl_otb.recipes.hub import HubPreflightError, preflight_hub
 from trl_otb.recipes.models import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
@@ -385,12 +385,13 @@ def main(script_args, math_args, training_args, model_args) -> dict:
         dataset_config=math_args.dataset_level if embedded_data else script_args.dataset_config,
         dataset_split=eval_split,
     )
-    card = {
-        "base_model": math_args.base_model_id or base_model_hub_id(model_args.model_name_or_path),
-        "dataset_description": dataset_name,
-        "results": results if after["samples"] else None,
-        "summary": summary,
-    }
+    card = math_card(
+        trainer,
+        dataset_name=dataset_name,
+        results=results if after["samples"] else None,
+        summary=summary,
+        base_model=math_args.base_model_id,  # default: the Hub id the model was loaded from
+    )
     trainer.create_model_card(model_name=output_dir.name, dataset_name=hub_dataset, **card)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=hub_dataset, **card)  # writes the same card again, then uploads

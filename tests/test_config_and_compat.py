@@ -9,6 +9,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_otb import OTBConfig, OTBTrainer, compat
+from trl_otb.card import TEMPLATE_FRAGMENTS
 from trl_otb.compat import TRLCompatibilityError, check_trl_compatibility
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4)
@@ -117,7 +118,7 @@ MIRRORED = [
     (name, fragment)
     for name, (_, fragments) in compat.REQUIRED.items()
     for fragment in fragments
-    if name in ("_generate_and_score_completions", "_compute_loss", "__init__")
+    if name in ("_generate_and_score_completions", "_compute_loss", "__init__", "create_model_card")
 ]
 
 
@@ -131,6 +132,18 @@ def test_guard_fails_when_a_fragment_we_rely_on_or_mirror_changes(monkeypatch, n
         lambda obj: original(obj).replace(fragment, "changed = True") if obj is target else original(obj),
     )
     with pytest.raises(TRLCompatibilityError, match=name):
+        check_trl_compatibility()
+
+
+@pytest.mark.parametrize("fragment", TEMPLATE_FRAGMENTS)
+def test_guard_fails_when_trls_card_template_loses_a_line_the_card_edits(monkeypatch, tmp_path, fragment):
+    from importlib import resources
+
+    template = resources.files("trl").joinpath("templates", "lm_model_card.md").read_text()
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "lm_model_card.md").write_text(template.replace(fragment, "changed"))
+    monkeypatch.setattr(compat.resources, "files", lambda package: tmp_path if package == "trl" else None)
+    with pytest.raises(TRLCompatibilityError, match="card template lm_model_card.md"):
         check_trl_compatibility()
 
 

@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+from trl_otb.bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
 from trl_otb.fidelity import (
     CANDIDATE_PROXIES,
     FidelityReport,
@@ -20,7 +21,6 @@ from trl_otb.fidelity import (
     spearman,
     token_statistics,
 )
-from trl_otb.fidelity.bnb import guard_4bit_cpu_repack, linear4bit_modules, packed_4bit_layers
 from trl_otb.testing import load_qlora as _load_qlora
 from trl_otb.testing import repack_4bit_layers
 

@@ -1,5 +1,5 @@
 """examples/math_otb.py end to end on the tiny model, its recipes, trl_otb.recipes.hub (the Hub pre-flight, the
-offline switch, the base model's id and license) and the model card."""
+offline switch), and the model card with what trl_otb.recipes.card adds (the base model's id and license, results)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_otb import OTBConfig
-from trl_otb.card import CardResults, build_model_card
+from trl_otb import OTBConfig, OTBTrainer
 from trl_otb.recipes import models
-from trl_otb.recipes.hub import (
-    HubPreflightError,
+from trl_otb.recipes.card import (
+    CardResults,
     base_model_description,
     base_model_hub_id,
     base_model_license,
-    hub_offline,
-    preflight_hub,
+    math_card,
 )
+from trl_otb.recipes.hub import HubPreflightError, hub_offline, preflight_hub
 from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME, resolve_model
+from trl_otb.testing import RecordingReward, fake_tracker_run, make_args, prompts_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
@@ -54,8 +54,9 @@ def tiny_argv(model_dir, output_dir, *extra):
 
 
 def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
-    math_otb, tiny_model_dir, tmp_path, check_model_card, capsys
+    math_otb, tiny_model_dir, tmp_path, check_model_card, capsys, monkeypatch
 ):
+    url = fake_tracker_run(monkeypatch)  # the run is tracked: TRL's card links it
     out = tmp_path / "run"
     argv = tiny_argv(tiny_model_dir, out, "--base_model_id", "acme/tiny-llama")
     summary = math_otb.main(*math_otb.parse_args(argv))
@@ -78,20 +79,25 @@ def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
         out / "README.md",
         base_model="acme/tiny-llama",
         accuracy=saved["accuracy_after"],
+        tracker_url=url,
         run_quick_start={},  # the quick start loads the output directory itself
     )
     assert parsed.data.license == "other"  # unknown offline: the card says to check the base model's license
-    assert f'pipeline("text-generation", model="{out}")' in parsed.text  # no hub_model_id: the output directory
+    assert f'pipeline("text-generation", model="{out}"' in parsed.text  # no hub_model_id: the output directory
     card = (out / "README.md").read_text()
-    assert card.count("## Optimal Token Baseline (OTB)") == 1
     for text in ("| group size N (num_generations) | `4` |", "| proxy w_t | `logit` |", "| leave-one-out | `False` |"):
         assert text in card
+    assert card.index("### OTB settings") < card.index("### Math demo") < card.index("### Framework versions")
     assert f"| before training | {saved['accuracy_before']:.3f} |" in card
     assert f"| after training | {saved['accuracy_after']:.3f} |" in card
+    assert "scored by `trl_otb.recipes.rewards.accuracy_reward`" in card
     assert "arXiv:2602.07078" in card and "vonwerra2020trl" in card
 
 
-def test_use_peft_trains_a_lora_adapter_for_one_step(math_otb, tiny_model_dir, tmp_path, check_model_card):
+def test_use_peft_trains_a_lora_adapter_for_one_step(
+    math_otb, tiny_model_dir, tmp_path, check_model_card, monkeypatch
+):
+    url = fake_tracker_run(monkeypatch)
     out = tmp_path / "lora"
     argv = tiny_argv(tiny_model_dir, out, "--use_peft", "--lora_r", "4", "--max_steps", "1", "--eval_samples", "2")
     argv += ["--base_model_id", "acme/tiny-llama"]
@@ -104,6 +110,7 @@ def test_use_peft_trains_a_lora_adapter_for_one_step(math_otb, tiny_model_dir, t
         base_model="acme/tiny-llama",
         adapter="lora",
         accuracy=summary["accuracy_after"],
+        tracker_url=url,
         run_quick_start={"acme/tiny-llama": tiny_model_dir},
     )
     assert "LoRA adapter" in card.text and "lora" in card.data.tags
@@ -322,7 +329,7 @@ def test_preflight_accepts_own_and_org_namespaces(online_hub):
     assert preflight_hub("model") == "alice/model"  # no namespace: the user's
 
 
-# --- the model card (trl_otb.card, with the base model's id and license from trl_otb.recipes.hub) ------------------
+# --- the model card (trl_otb.card, with the base model's id, license and results from trl_otb.recipes.card) -----
 
 
 def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
@@ -340,8 +347,10 @@ def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
     assert base_model_description("acme/tiny", tmp_path) is None
 
 
-def test_card_of_a_pushed_model_loads_the_hub_repo(tmp_path, check_model_card):
-    args = OTBConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, otb_leave_one_out=True, report_to="none")
+def test_card_of_a_pushed_model_loads_the_hub_repo(tiny_model_dir, tmp_path, check_model_card):
+    args = make_args(tmp_path, otb_leave_one_out=True)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer.hub_model_id = "me/qwen-otb"  # what Trainer.init_hf_repo sets when the run pushes
     results = CardResults(
         before=0.25,
         after=0.5,
@@ -350,29 +359,26 @@ def test_card_of_a_pushed_model_loads_the_hub_repo(tmp_path, check_model_card):
         dataset_name="openai/gsm8k",
         dataset_config="main",
     )
-    card = build_model_card(
-        args,
-        model_name="qwen-otb",
-        repo_id="me/qwen-otb",
-        base_model="Qwen/Qwen2.5-0.5B-Instruct",
-        license="apache-2.0",
-        datasets=["openai/gsm8k"],
+    card = math_card(
+        trainer,
+        dataset_name="openai/gsm8k",
         results=results,
         summary={"steps": 3},
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
     )
-    card.save(tmp_path / "README.md")
-    parsed = check_model_card(tmp_path / "README.md", base_model="Qwen/Qwen2.5-0.5B-Instruct", accuracy=0.5)
-    assert parsed.data.datasets == ["openai/gsm8k"] and parsed.data.license == "apache-2.0"
+    assert card["license"] is None  # offline, the Qwen card cannot be read; a known license is passed on
+    trainer.create_model_card(model_name="qwen-otb", dataset_name="openai/gsm8k", **{**card, "license": "apache-2.0"})
+    parsed = check_model_card(f"{args.output_dir}/README.md", base_model="Qwen/Qwen2.5-0.5B-Instruct", accuracy=0.5)
+    assert parsed.data.datasets == "openai/gsm8k" and parsed.data.license == "apache-2.0"
     assert 'model="me/qwen-otb"' in parsed.text
     assert "| leave-one-out | `True` |" in parsed.text and "| after training | 0.500 |" in parsed.text
+    assert "- training steps: 3" in parsed.text
     before = [r for r in parsed.data.eval_results if "before" in r.metric_name]
-    assert [(r.metric_value, r.dataset_config) for r in before] == [(0.25, "main")]
-    with pytest.raises(ValueError, match="adapter"):
-        build_model_card(args, model_name="x", repo_id="x", base_model=None, adapter="dora")
+    assert [(r.metric_value, r.dataset_config, r.task_name) for r in before] == [(0.25, "main", "Math reasoning")]
 
 
 @pytest.mark.slow
-def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path, check_model_card):
+def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path, check_model_card, monkeypatch):
     # bitsandbytes' CPU inference kernel needs in_features >= its block size (64): the tiny model (hidden 32) cannot be
     # evaluated in 4-bit, so QLoRA is checked on the embedded SmolLM2 (hidden 576). Slow: 4-bit matmuls on CPU.
     pytest.importorskip("bitsandbytes")
@@ -388,10 +394,16 @@ def test_qlora_trains_smollm2_for_one_step(math_otb, smollm2_dir, tmp_path, chec
         "--per_device_train_batch_size", "4",
         "--max_completion_length", "8",
     ]  # fmt: skip
+    url = fake_tracker_run(monkeypatch, "comet")
     summary = math_otb.main(*math_otb.parse_args(argv))
     assert summary["steps"] == 1 and summary["load_in_4bit"] and summary["use_peft"]
     assert (out / "adapter_model.safetensors").is_file() and (out / "summary.json").is_file()
     card = check_model_card(
-        out / "README.md", base_model=EMBEDDED_HUB_ID, adapter="qlora", accuracy=summary["accuracy_after"]
+        out / "README.md",
+        base_model=EMBEDDED_HUB_ID,
+        adapter="qlora",
+        accuracy=summary["accuracy_after"],
+        tracker_url=url,
     )
     assert card.data.license == "apache-2.0" and "4-bit" in card.data.tags
+    assert "dequantized from the Q4_1 GGUF" in card.text  # the embedded model, as the demo's section names it

@@ -107,7 +107,8 @@ def test_the_package_imports_without_gguf_and_matplotlib():
         "import sys\n"
         "sys.modules['gguf'] = sys.modules['matplotlib'] = None\n"
         "import trl_otb, trl_otb.card, trl_otb.cli, trl_otb.trainer\n"
-        "import trl_otb.recipes.data, trl_otb.recipes.hub, trl_otb.recipes.models, trl_otb.recipes.rewards\n"
+        "import trl_otb.recipes.card, trl_otb.recipes.data, trl_otb.recipes.hub, trl_otb.recipes.models\n"
+        "import trl_otb.recipes.rewards\n"
         "print(trl_otb.OTBTrainer.__name__, 'gguf' in sys.modules and sys.modules['gguf'] is None)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

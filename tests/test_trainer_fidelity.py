@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig
 
 from trl_otb import OTBTrainer
-from trl_otb.fidelity.bnb import packed_4bit_layers
+from trl_otb.bnb import packed_4bit_layers
 from trl_otb.testing import RecordingReward, make_args, prompts_dataset, repack_4bit_layers
 from trl_otb.testing import load_qlora as _load_qlora
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
+from importlib import resources
+
+from .card import TEMPLATE_FRAGMENTS
 
 SUPPORTED_TRL = "1.16"
 SKIP_ENV = "TRL_OTB_SKIP_TRL_CHECK"
@@ -75,8 +78,12 @@ REQUIRED = {
             'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]',
         ),
     ),
-    # Checkpoint saves and push_to_hub write the card through this method; OTBTrainer writes its own card.
-    "create_model_card": (("self", "model_name", "dataset_name", "tags"), ()),
+    # Checkpoint saves and push_to_hub write the card through this method; OTBTrainer lets it write TRL's card, then
+    # extends the file it saved (trl_otb.card.extend_model_card).
+    "create_model_card": (
+        ("self", "model_name", "dataset_name", "tags"),
+        ('model_card.save(os.path.join(self.args.output_dir, "README.md"))',),
+    ),
 }
 
 # (method, earlier fragment, later fragment): capture.BatchCapture.rollout_pass takes TRL's rollout pass to be the
@@ -132,6 +139,11 @@ def check_trl_compatibility(base: type | None = None) -> None:
         problems.append("trl.trainer.utils.add_fused_lm_head no longer takes `outputs`")
     if "log_sum_sq_probs" not in FusedCausalLMOutput.__dataclass_fields__:
         problems.append("FusedCausalLMOutput no longer has `log_sum_sq_probs`")
+    # The card template TRL's create_model_card renders (its default when the trainer names none).
+    template = resources.files("trl").joinpath("templates", base._template_file or "lm_model_card.md")
+    text = template.read_text() if template.is_file() else ""
+    missing = [fragment for fragment in TEMPLATE_FRAGMENTS if fragment not in text]
+    problems += [f"TRL's card template {template.name} no longer contains `{fragment}`" for fragment in missing]
     if problems:
         raise TRLCompatibilityError(
             "OTBTrainer relies on GRPOTrainer internals that changed:\n  - "

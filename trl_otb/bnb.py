@@ -1,5 +1,9 @@
 """bitsandbytes 4-bit specifics: the CPU inference repack that breaks QLoRA gradients.
 
+Beside the trainer, as PEFT keeps its bitsandbytes path beside the generic one: ``OTBTrainer`` applies
+:func:`guard_4bit_cpu_repack` at start-up, the model card reads :func:`is_4bit_model` (a QLoRA adapter's quick start
+loads its base in NF4), and the fidelity check (:mod:`trl_otb.fidelity`) guards the models it measures.
+
 The trap (bitsandbytes 0.48 to 0.50 at least, on CPUs with AVX512-BF16): ``Linear4bit.forward``
 repacks its NF4/FP4 weight into a CPU inference layout the first time it runs with
 
@@ -74,7 +78,7 @@ def guard_4bit_cpu_repack(model: torch.nn.Module, *, restore: bool = False) -> i
         raise RuntimeError(
             f"{len(packed)} 4-bit layer(s) ({names}) were already repacked by bitsandbytes for CPU inference "
             "(an eval-mode forward without gradients, e.g. `generate`, ran before the guard), and gradients "
-            "through them are wrong from now on. Call `trl_otb.fidelity.bnb.guard_4bit_cpu_repack(model)` "
+            "through them are wrong from now on. Call `trl_otb.bnb.guard_4bit_cpu_repack(model)` "
             "right after loading the model, reload it, or pass `restore=True` to unpack them."
         )
     if packed:
