@@ -22,6 +22,7 @@ from trl_otb import (
     rloo_advantages,
 )
 from trl_otb.core import uniform_proxy
+from trl_otb.core.spec import aligned_positions, reference_otb
 
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
@@ -38,68 +39,6 @@ def ids(x):
 def assert_close(actual, expected, atol=1e-6, rtol=1e-6):
     expected = torch.as_tensor(expected, dtype=actual.dtype)
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
-
-
-# ----------------------------------------------------------------------------------------------
-# A slow, obvious reference: Python loops over groups and aligned positions, straight from the contract.
-# ----------------------------------------------------------------------------------------------
-
-
-def aligned_positions(mask_row, align):
-    """{aligned coordinate c: absolute position t} for the masked-in tokens of one row."""
-    active = [t for t, m in enumerate(mask_row) if m]
-    if align == "position":
-        return {t: t for t in active}
-    return dict(enumerate(active))
-
-
-def reference_otb(
-    rewards, proxy, mask, group_ids, *, eps=1e-8, tail="zero", is_weights=None, align="position", leave_one_out=False
-):
-    """Returns (advantages, forced) as [B][T] lists; forced[i][t] is True where the baseline is set to 0
-    by a rule (singleton group, tail override, no other member for leave-one-out)."""
-    B = len(rewards)
-    T = len(mask[0]) if B else 0
-    valid = [math.isfinite(rewards[i]) and any(mask[i]) for i in range(B)]
-    pos = [aligned_positions(mask[i], align) for i in range(B)]
-    energy = []
-    for i in range(B):
-        total, W = 0.0, {}
-        for c in sorted(pos[i]):
-            t = pos[i][c]
-            rho = 1.0
-            if is_weights is not None:
-                rho = is_weights[i][t] if len(is_weights[i]) > 1 else is_weights[i][0]
-            total += proxy[i][t] * rho * rho
-            W[c] = total
-        energy.append(W)
-    adv = [[0.0] * T for _ in range(B)]
-    forced = [[False] * T for _ in range(B)]
-    for g in set(group_ids):
-        members = [i for i in range(B) if group_ids[i] == g and valid[i]]
-        lengths = {i: len(pos[i]) for i in members}
-        longest = max(lengths.values(), default=0)
-        top = [i for i in members if lengths[i] == longest]
-        unique_longest = top[0] if len(top) == 1 else None
-        second = max((lengths[i] for i in members if i != unique_longest), default=0)
-        for c in range(T):
-            active = [i for i in members if c in pos[i]]
-            for i in active:
-                if leave_one_out:
-                    pool = [j for j in active if j != i]
-                    zero = not pool
-                else:
-                    pool = active
-                    zero = len(members) == 1 or (tail == "zero" and i == unique_longest and c >= second)
-                if zero:
-                    b = 0.0
-                else:
-                    num = sum(rewards[j] * energy[j][c] for j in pool)
-                    den = sum(energy[j][c] for j in pool)
-                    b = num / (den + eps)
-                adv[i][pos[i][c]] = rewards[i] - b
-                forced[i][pos[i][c]] = zero
-    return adv, forced
 
 
 # ----------------------------------------------------------------------------------------------

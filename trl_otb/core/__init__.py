@@ -2,6 +2,7 @@
 
 - :mod:`.proxy`       per-token weights w_t from forward probabilities (``logit_gradient_proxy``, ``sum_pi_squared``)
 - :mod:`.otb`         the Optimal Token Baseline (``otb_advantages``, ``otb_terms``)
+- :mod:`.spec`        its specification as plain loops (``reference_otb``), what ``otb`` is tested against
 - :mod:`.estimators`  OTB and the sequence-level baselines by name (``ESTIMATORS``, ``compute_advantages``)
 - :mod:`.diagnostics` the per-step ``otb/`` statistics (``otb_diagnostics``)
 - :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above

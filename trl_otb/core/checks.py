@@ -1,16 +1,10 @@
 """Input validation shared by the advantage estimators.
 
 Every estimator takes ``rewards [B]``, ``proxy [B, T]``, ``mask [B, T]``, ``group_ids [B]`` and optionally
-``is_weights [B, T]`` or ``[B, 1]``. Shapes and dtypes are always checked. Values are checked only where they
-matter: ``proxy`` and ``is_weights`` must be finite and >= 0 on masked-in tokens; anything goes where the mask
-is 0 (padding, tool output).
-
-Two entry points, one per way of using the result:
-
-- :func:`check_inputs` returns the mask as bool (the sequence-level estimators select with it).
-- :func:`check_inputs_clean` returns whether ``proxy`` and ``is_weights`` are finite and >= 0 *everywhere*,
-  masked or not. OTB's fast path then multiplies by a float mask instead of selecting; no bool mask is made
-  unless a masked check is needed.
+``is_weights [B, T]`` or ``[B, 1]``. :func:`check_inputs` checks shapes and dtypes always, and values only where they
+matter: ``proxy`` and ``is_weights`` must be finite and >= 0 on masked-in tokens; anything goes where the mask is 0
+(padding, tool output). It returns the mask as bool, for the estimator to select with. Infinite rewards are
+excluded like NaN ones by every estimator, with an :class:`InfiniteRewardWarning`.
 
 The value checks start with one fused min/max over the whole tensor; the exact masked check runs only when that
 finds a negative or non-finite value somewhere.
@@ -27,7 +21,6 @@ __all__ = [
     "all_clean",
     "bad_on_mask",
     "check_inputs",
-    "check_inputs_clean",
     "check_reward_range",
     "raise_overflow",
 ]
@@ -46,17 +39,6 @@ def check_inputs(rewards, proxy, mask, group_ids, is_weights=None) -> torch.Tens
     m = mask.bool()
     _check_masked_values(proxy, is_weights, m, proxy_clean, weights_clean)
     return m
-
-
-def check_inputs_clean(rewards, proxy, mask, group_ids, is_weights=None) -> bool:
-    """Validate the shared inputs; return whether ``proxy`` and ``is_weights`` are finite and >= 0 everywhere."""
-    _check_shapes(rewards, proxy, mask, group_ids, is_weights)
-    _warn_infinite_rewards(rewards)
-    proxy_clean, weights_clean = _clean(proxy), _clean(is_weights)
-    if proxy_clean and weights_clean:
-        return True
-    _check_masked_values(proxy, is_weights, mask.bool(), proxy_clean, weights_clean)
-    return False
 
 
 def _check_shapes(rewards, proxy, mask, group_ids, is_weights) -> None:

@@ -10,13 +10,12 @@ Shapes: ``rewards [B]`` (NaN = unscorable), ``proxy [B, T]`` w_t (see :mod:`trl_
 ``group_ids [B]``, optional ``is_weights [B, T]`` or ``[B, 1]``; the result is ``[B, T]``. A row is *valid* when
 its reward is finite and its mask is not all 0; invalid rows leave their group and get advantage 0.
 
-One computation, two outputs: :func:`otb_terms` returns the advantages with the baseline and energy they came
-from; :func:`otb_advantages` returns the advantages only and lets the baseline reuse the energy's buffer.
+The specification is :func:`trl_otb.core.spec.reference_otb`: the same contract as plain loops over groups and
+positions, the rules (singleton groups, the tail rule, leave-one-out) written out one by one. This module computes
+it on whole tensors, one group reduction per sum, and is tested against that specification on random inputs.
 
-Speed notes (this runs on every step, over up to millions of tokens): on CPU a fresh ``[B, T]`` tensor costs about
-as much as the arithmetic on it, and a select (``torch.where``) or a multiply by a *bool* mask several times a
-multiply by a float mask. So the mask is made float once, the inputs are checked with one global min/max (the exact
-masked check runs only when that finds something), and the rest works in place on tensors created here.
+One computation, two outputs: :func:`otb_terms` returns the advantages with the baseline and energy they came
+from; :func:`otb_advantages` returns the advantages only.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_inputs_clean, check_reward_range, raise_overflow
-from .groups import group_index, group_max, group_sum, left_compact, scatter_back
+from .checks import check_inputs, check_reward_range, raise_overflow
+from .groups import group_index, group_max, group_sum, left_compact, scatter_back, valid_rows
 from .proxy import compute_dtype
 
 __all__ = ["ALIGNS", "TAILS", "OTBTerms", "otb_advantages", "otb_terms", "token_weights"]
@@ -87,12 +86,8 @@ def otb_advantages(
         ``[B, T]`` advantages in fp32 (fp64 when ``proxy`` is fp64), finite for finite inputs.
     """
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
-    # The energy is not returned, so the baseline may overwrite its buffer; the advantages then overwrite the
-    # baseline's. The baseline is finite (the reward range is checked; den >= eps, or the quotient is 0), so the
-    # float mask's multiply is the select.
-    baseline = _baseline(p, eps, tail, leave_one_out, scratch=p.energy)
-    advantages = baseline.neg_().add_(p.rewards[:, None]).mul_(p.mask)
-    return p.unalign(advantages)
+    baseline = _baseline(p, eps, tail, leave_one_out)  # a new tensor, used once: the advantages may overwrite it
+    return p.unalign(baseline.neg_().add_(p.rewards[:, None]).mul_(p.mask))
 
 
 def otb_terms(
@@ -100,10 +95,12 @@ def otb_terms(
 ) -> OTBTerms:
     """OTB advantages with the baseline and energy they came from. Arguments (and types) as :func:`otb_advantages`."""
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
-    baseline = _baseline(p, eps, tail, leave_one_out, scratch=None)
-    advantages = torch.sub(p.rewards[:, None], baseline).mul_(p.mask)
-    baseline.mul_(p.mask)
-    return OTBTerms(advantages=p.unalign(advantages), baseline=p.unalign(baseline), energy=p.unalign(p.energy))
+    baseline = _baseline(p, eps, tail, leave_one_out)
+    return OTBTerms(
+        advantages=p.unalign((p.rewards[:, None] - baseline) * p.mask),
+        baseline=p.unalign(baseline * p.mask),
+        energy=p.unalign(p.energy),
+    )
 
 
 @dataclass
@@ -131,64 +128,27 @@ def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}.")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
-    clean = check_inputs_clean(rewards, proxy, mask, group_ids, is_weights)
+    m = check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
     check_reward_range(rewards, dtype)
-    mf = _float_mask(mask, dtype)
-    lengths = mf.sum(dim=1)
-    valid = torch.isfinite(rewards) & (lengths > 0)
-    if not bool(valid.all()):
-        mf.mul_(valid[:, None].to(dtype))
-        lengths = lengths * valid.to(dtype)
-    R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=proxy.device))
-
-    energy, index = _cumulative_energy(proxy, mf, is_weights, align, clean=clean)
-    # w is 0 off the mask, so the row totals (the last cumulative sums) are finite exactly when every w_t is:
-    # one check on B numbers instead of a pass over [B, T].
-    if clean and not _row_totals_finite(energy):
-        # A huge value on a masked-out token may have overflowed the multiply by the mask: use the selects.
-        energy, index = _cumulative_energy(proxy, mf, is_weights, align, clean=False)
-    if not _row_totals_finite(energy):
+    valid = valid_rows(rewards, m)
+    m = m & valid[:, None]
+    w = token_weights(proxy, m, is_weights, dtype)  # w_t rho_t^2, 0 off the mask (selected, never multiplied)
+    index = None
+    if align == "valid":
+        w, index = left_compact(w, m)
+        m = torch.arange(w.shape[1], device=w.device)[None, :] < m.sum(dim=1, keepdim=True)
+    energy = w.cumsum_(dim=1)
+    # w is 0 off the mask, so the row totals (the last cumulative sums) are finite exactly when every w_t is.
+    if energy.numel() and not bool(torch.isfinite(energy[:, -1]).all()):
         if is_weights is not None:
             raise_overflow()
         raise ValueError("the proxy's sum over a completion overflows; the proxy is a per-token weight (w_t <= 2).")
-    if align == "valid":
-        T = proxy.shape[1]
-        mf = (torch.arange(T, device=proxy.device)[None, :] < lengths[:, None]).to(dtype)
-    energy.mul_(mf)  # finite now, so the multiply is the select
+    mf = m.to(dtype)
+    energy.mul_(mf)
+    R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=proxy.device))
     gid, G = group_index(group_ids)
-    return _Prepared(R, valid, lengths, mf, energy, index, gid, G)
-
-
-def _float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """1.0 where ``mask`` is nonzero (as ``mask.bool()``), else 0.0: one new tensor, whatever the mask's dtype."""
-    if mask.dtype == torch.bool:
-        return mask.to(dtype)
-    return mask.to(dtype, copy=True).ne_(0)
-
-
-def _row_totals_finite(energy: torch.Tensor) -> bool:
-    return not energy.numel() or bool(torch.isfinite(energy[:, -1]).all())
-
-
-def _cumulative_energy(proxy, mf, is_weights, align, *, clean: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """W [B, T] (cumulative w_t, aligned), and the compaction index with align="valid", else None.
-
-    ``clean``: every value of proxy and is_weights is finite and >= 0, masked or not; then multiplying by the float
-    mask is the select. Otherwise inf/NaN on masked-out tokens must not reach the sums: select.
-    """
-    dtype = mf.dtype
-    if clean:
-        w = proxy.to(dtype) * mf
-        if is_weights is not None:
-            rho = is_weights.to(dtype).expand_as(proxy)
-            w.mul_(rho).mul_(rho)
-    else:
-        w = token_weights(proxy, mf.bool(), is_weights, dtype)
-    index = None
-    if align == "valid":
-        w, index = left_compact(w, mf.bool())
-    return w.cumsum_(dim=1), index
+    return _Prepared(R, valid, mf.sum(dim=1), mf, energy, index, gid, G)
 
 
 def token_weights(proxy, m, is_weights, dtype) -> torch.Tensor:
@@ -210,31 +170,25 @@ def _safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den == 0, torch.ones_like(den), den)
 
 
-def _baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool, *, scratch) -> torch.Tensor:
-    """B_t per row, ``[B, T]`` aligned (not yet masked). ``scratch``: a [B, T] buffer it may overwrite, or None."""
+def _baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
+    """B_t per row, ``[B, T]`` aligned (not yet masked)."""
     if leave_one_out:
         return _leave_one_out_baseline(p, eps)
-    baseline = _group_baseline(p, eps, scratch=scratch)
+    baseline = _group_baseline(p, eps)
     if tail == "zero":
         _zero_lone_tails(p, baseline)
     return baseline
 
 
-def _group_baseline(p: _Prepared, eps: float, *, scratch: torch.Tensor | None) -> torch.Tensor:
-    """The group's B_t broadcast to its rows; a singleton group's is 0.
-
-    With ``scratch`` (a [B, T] buffer the caller no longer needs, e.g. the energy), the products R W and then the
-    result are written into it; with None, new tensors are made and the energy is left intact.
-    """
+def _group_baseline(p: _Prepared, eps: float) -> torch.Tensor:
+    """The group's B_t broadcast to its rows; a singleton group's is 0."""
     gid, G = p.gid, p.num_groups
-    den = group_sum(p.energy, gid, G)  # before scratch, which may be the energy, is overwritten
-    weighted = torch.mul(p.energy, p.rewards[:, None], out=scratch)
-    num = group_sum(weighted, gid, G)
+    den = group_sum(p.energy, gid, G)
+    num = group_sum(p.energy * p.rewards[:, None], gid, G)
     n_valid = group_sum(p.valid.to(den.dtype), gid, G)
     # Per group ([G, T]) before broadcasting to rows: a singleton group's baseline is 0.
     zero = torch.zeros((), dtype=den.dtype, device=den.device)
-    per_group = torch.where(n_valid[:, None] == 1, zero, _safe_divide(num, den + eps))
-    return torch.index_select(per_group, 0, gid, out=scratch)
+    return torch.where(n_valid[:, None] == 1, zero, _safe_divide(num, den + eps))[gid]
 
 
 def _zero_lone_tails(p: _Prepared, baseline: torch.Tensor) -> None:
