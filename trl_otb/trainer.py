@@ -325,7 +325,9 @@ class OTBTrainer(GRPOTrainer):
         """``[B_global, T_max]`` advantages of the configured estimator."""
         name = self.args.advantage_estimator
         if name == "grpo":
-            # TRL's own group-normalised advantages (all its scaling and aggregation options), made token-level.
+            # TRL's own advantages, made token-level, not the registry's grpo_advantages: the arm is then
+            # GRPOTrainer exactly, with every TRL scaling and aggregation option (grpo_advantages is the same
+            # estimator outside a trainer; a test checks they agree on a real batch).
             return groups.trl_advantages[:, None] * groups.mask
         options = {option: getattr(self.args, field) for field, option in ESTIMATOR_OPTION_FIELDS.items()}
         options.update(align=groups.align, is_weights=groups.is_weights)  # resolved for this batch

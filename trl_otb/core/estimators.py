@@ -147,6 +147,11 @@ def grpo_advantages(
     empty mask still counts, as in TRL), ``std`` is the Bessel-corrected std over the group
     (``scale="group"``) or the whole batch (``scale="batch"``), or no scaling (``"none"``,
     Dr.GRPO). A group (or batch) with a single finite reward gets advantage 0. ``proxy`` is unused.
+
+    OTBTrainer does not call it: with ``advantage_estimator="grpo"`` it trains on TRL's own advantages, so that the
+    arm is GRPOTrainer exactly, with every TRL option (``multi_objective_aggregation`` included) and whatever a
+    TRL release changes. This function is the same estimator outside a trainer (the variance benchmark, ablations);
+    a trainer test checks that it equals TRL's advantages on a real batch.
     """
     if scale not in GRPO_SCALES:
         raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}.")
