@@ -165,6 +165,24 @@ def timed_training(
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Training curves
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def tokens_to_target(curve: list[dict], target: float) -> float | None:
+    """Tokens at which the score first reaches ``target``, interpolated between evaluations (None: never).
+
+    ``curve``: evaluations in order, each a dict with ``tokens`` and ``score``."""
+    if curve and curve[0]["score"] >= target:
+        return float(curve[0]["tokens"])
+    for before, after in zip(curve, curve[1:]):
+        if after["score"] >= target:
+            share = (target - before["score"]) / (after["score"] - before["score"])
+            return before["tokens"] + share * (after["tokens"] - before["tokens"])
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
 
-from common import build_random_model, command, pyplot, save_figure, write_json  # noqa: E402
+from common import build_random_model, command, pyplot, save_figure, tokens_to_target, write_json  # noqa: E402
 
 ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
 DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
@@ -114,17 +114,6 @@ def evaluate(model, tokenizer, rows, reward_fn, max_new_tokens, batch_size=32):
         scores += [float(s or 0.0) for s in reward_fn(completions, answer=[r["answer"] for r in batch])]
     model.train()
     return sum(scores) / len(scores)
-
-
-def tokens_to_target(curve: list[dict], target: float) -> float | None:
-    """Tokens at which the score first reaches ``target``, interpolated between evaluations (None: never)."""
-    if curve and curve[0]["score"] >= target:
-        return float(curve[0]["tokens"])
-    for before, after in zip(curve, curve[1:]):
-        if after["score"] >= target:
-            share = (target - before["score"]) / (after["score"] - before["score"])
-            return before["tokens"] + share * (after["tokens"] - before["tokens"])
-    return None
 
 
 def summarize(runs: list[dict], target: float) -> dict:

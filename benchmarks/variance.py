@@ -706,6 +706,8 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
             return [float((len(x) + (int(x[0]) if len(x) else 0) + p) % 2) for x in ids]
 
         return model, tokenizer, prompts, reward
+    if task in STUDY_TASKS:
+        return study_setup(task, num_prompts, seed)
     from trl_otb.recipes.data import load_math_dataset
     from trl_otb.recipes.models import load_model_and_tokenizer
     from trl_otb.recipes.rewards import accuracy_reward
@@ -733,6 +735,24 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
         return [float(r or 0.0) for r in accuracy_reward(texts, [answers[p]] * len(texts))]
 
     return model, tokenizer, prompts, reward
+
+
+STUDY_TASKS = {"study-ramble": "ramble", "study-copy": "copy"}
+"""The training study's tasks (``study_task.py``), on its warm-started policy of ``--seed``."""
+
+
+def study_setup(task: str, num_prompts: int, seed: int):
+    """The training study's policy of ``seed`` and the first ``num_prompts`` of its training patterns."""
+    import study_task
+
+    spec = study_task.TASKS[STUDY_TASKS[task]]
+    model, tokenizer = study_task.warm_start(seed, Path(".cache/training_study"))
+    patterns = study_task.split_patterns(seed)[0][:num_prompts]
+
+    def reward(ids, texts, p):
+        return [spec.score(t, patterns[p]) for t in texts]
+
+    return model, tokenizer, [spec.prompt(p) for p in patterns], reward
 
 
 SPACE_LABELS = {"lm_head": "LM head", "lora": "LoRA adapter"}
@@ -787,7 +807,7 @@ def plot(results, Ns, horizons, path):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
-    parser.add_argument("--task", default="math", choices=["math", "count"])
+    parser.add_argument("--task", default="math", choices=["math", "count", *STUDY_TASKS])
     parser.add_argument(
         "--spaces",
         nargs="+",
@@ -896,6 +916,11 @@ def plan(args) -> Plan:
     """The settings of ``args``, and the cache key of its pools: ``{task}-M{pool}-h{horizon}-T{temp}-k{topk}-s{seed}``
     (a pool file adds ``-p{prompt index}``)."""
     q = args.quick
+    study = STUDY_TASKS.get(args.task)
+    if study and not args.horizons:  # the task's own completion length
+        import study_task
+
+        args.horizons = [study_task.TASKS[study].max_completion_length]
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
     sample_horizon = args.sample_horizon or max(horizons)
     if sample_horizon < max(horizons):
@@ -907,7 +932,7 @@ def plan(args) -> Plan:
     # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
     task_tag = "quick" if q else args.task
     return Plan(
-        spaces=args.spaces or (["lm_head"] if args.task == "count" else ["lm_head", "lora"]),
+        spaces=args.spaces or (["lm_head", "lora"] if args.task == "math" else ["lm_head"]),
         horizons=horizons,
         lora_horizons=sorted(args.lora_horizons or [min(horizons)]),
         sample_horizon=sample_horizon,
