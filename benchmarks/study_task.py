@@ -11,7 +11,8 @@ for every arm of a seed (``warm_start``):
 The tasks (``TASKS``), on two-digit patterns ``p`` ("00" to "99"):
 
 - ``ramble`` (the long cell): "Repeat 58." is answered by the pattern repeated to 32 characters ("5858...58").
-  40% of its demonstrations answer so; the others open with "?" and ramble on: 180 to 250 random digits. The
+  25% of its demonstrations answer so; the others are right for fewer than 32 characters, then ramble on: 180 to
+  250 random digits. The
   warm-started policy answers correctly in some samples and rambles in the others, so completions are long on
   average and differ in length within a group, and a failed completion is long and uncertain (high gradient
   energy) while a correct one is short and confident.
@@ -83,7 +84,7 @@ class Task:
 
 
 TASKS = {
-    "ramble": Task("ramble", "Repeat", 32, 256, correct_share=0.4),
+    "ramble": Task("ramble", "Repeat", 32, 256, correct_share=0.25),
     "copy": Task("copy", "Copy", 16, 32, correct_share=0.85),
 }
 
