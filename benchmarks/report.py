@@ -45,8 +45,10 @@ CELLS = (
 # The estimators trl-otb ships (advantage_estimator, plus the leave-one-out option); the other names in a variance
 # JSON are the estimator study's variants (benchmarks/variance.py --study).
 SHIPPED = ("grpo", "grpo_std", "rloo", "opo", "ogb", "otb", "otb_loo")
-# The training result quoted by the verdict: the small 3-seed run of benchmarks/sample_efficiency.py --cpu-run.
+# The earlier small training run (benchmarks/sample_efficiency.py --cpu-run), kept as a labelled footnote.
 TRAINING = "sample_efficiency_embedded_math"
+# The training result quoted by the verdict: the pre-registered study of benchmarks/training_study.py.
+STUDY = "training_study"
 # The current trainer-overhead measurements (SmolLM2-135M + LoRA): JSON stem, configuration, and its row's label.
 OVERHEAD = (
     ("overhead_smollm2_after_f73f862", "smollm2/on-policy", "on-policy, HF `generate`"),
@@ -499,6 +501,134 @@ def efficiency_table(data) -> str:
     return "\n".join(markdown_table(header, align, rows))
 
 
+# --- the training study -------------------------------------------------------------------------------------------
+
+ARM_LABELS = {
+    "otb_N4": "OTB, N=4",
+    "grpo_N4": "GRPO, N=4 (TRL's default, std-scaled)",
+    "grpo_unscaled_N4": "GRPO, N=4, unscaled",
+    "ogb_N4": "OGB, N=4",
+    "grpo_N16": "GRPO, N=16 (std-scaled)",
+}
+METRIC_LABELS = {"tokens_to_target": "tokens to target", "auc": "mean score over the budget", "final": "final score"}
+LOWER_IS_BETTER = {"tokens_to_target"}
+
+
+def _cell_label(name: str, spec: dict) -> str:
+    return f"{name} ({spec['task']}, lr {spec['learning_rate']:g})"
+
+
+def _better(metric: str, t: dict) -> str:
+    """'better' / 'worse' for OTB when the paired interval excludes 0, else ''."""
+    if not t["differ"]:
+        return ""
+    otb_lower = t["mean"] < 0
+    return "better" if otb_lower == (metric in LOWER_IS_BETTER) else "worse"
+
+
+def _diff(metric: str, t: dict) -> str:
+    fmt = (lambda x: f"{x:+.0f}") if metric == "tokens_to_target" else (lambda x: f"{x:+.3f}")
+    mark = _better(metric, t)
+    return f"{fmt(t['mean'])} ({fmt(t['ci'][0])} to {fmt(t['ci'][1])}){f' **{mark}**' if mark else ''}"
+
+
+def study_paired_table(data, cell: str) -> str:
+    """OTB at N=4 minus each other arm, per metric: mean over seeds with the paired bootstrap 95% interval."""
+    paired = data["cells"][cell]["paired"]
+    header = ["OTB N=4 minus", "seeds", *METRIC_LABELS.values()]
+    rows = [
+        [
+            ARM_LABELS[pair.split("-", 1)[1]],
+            str(next(iter(m.values()))["seeds"]),
+            *(_diff(k, m[k]) for k in METRIC_LABELS),
+        ]
+        for pair, m in paired.items()
+    ]
+    return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:", "---:"], rows))
+
+
+def study_arms_table(data, cell: str) -> str:
+    """Per arm: what its seeds reached, its collapse rate, its gradient norms and its cost."""
+    spec = data["preregistration"]["cells"][cell]
+    header = [
+        "arm",
+        "runs",
+        f"reached {spec['target']}",
+        "tokens to target (median)",
+        "mean score over the budget",
+        "final score (mean)",
+        "collapsed (95% interval)",
+        "grad norm: median, CV",
+        "CPU s per run",
+    ]
+    rows = []
+    for arm, a in data["cells"][cell]["arms"].items():
+        lo, hi = a["collapse_ci"]
+        rows.append(
+            [
+                ARM_LABELS[arm],
+                str(a["runs"]),
+                str(a["reached"]),
+                f"{a['tokens_to_target_median']:.0f}",
+                f"{a['auc_mean']:.3f}",
+                f"{a['final_mean']:.3f}",
+                f"{round(a['collapse_rate'] * a['runs'])}/{a['runs']} ({lo:.2f}-{hi:.2f})",
+                f"{a['grad_norm_median']:.3f}, {a['grad_norm_cv_median']:.2f}",
+                f"{a['cpu_seconds_median']:.0f}",
+            ]
+        )
+    return "\n".join(markdown_table(header, ["---", *["---:"] * (len(header) - 1)], rows))
+
+
+def study_precondition_table(data) -> str:
+    """variance.py on each task at seed 0's warm-started policy, before training: OTB over GRPO and OGB at N=4."""
+    header = ["task", "mean completion tokens", "OTB / GRPO (unscaled)", "OTB / OGB"]
+    rows = []
+    for task, v in data["variance_check"].items():
+        cells = []
+        for key in ("N=4/otb-grpo", "N=4/otb-ogb"):
+            t = v[key]
+            cells.append(f"{t['ratio']:.3f} ({t['ratio_ci'][0]:.3f}-{t['ratio_ci'][1]:.3f})")
+        rows.append([task, f"{v['mean_completion_tokens']:.1f}", *cells])
+    return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows))
+
+
+def study_sentences(ctx: Context) -> list[str]:
+    """Per cell, what the paired comparisons say, then the collapse rates where any arm collapsed."""
+    data = ctx.load(STUDY)
+    out = []
+    for cell, res in data["cells"].items():
+        spec = data["preregistration"]["cells"][cell]
+        seeds = min((next(iter(m.values()))["seeds"] for m in res["paired"].values()), default=0)
+        found = []
+        for pair, metrics in res["paired"].items():
+            marks = {k: _better(k, t) for k, t in metrics.items()}
+            differ = [f"{METRIC_LABELS[k]} {mark}" for k, mark in marks.items() if mark]
+            if differ:
+                found.append(f"than {ARM_LABELS[pair.split('-', 1)[1]]}: {', '.join(differ)}")
+        label = f"{cell} ({spec['task']}, {seeds} paired seeds)"
+        out.append(
+            f"{label}: OTB at N=4 differed {'; '.join(found)}"
+            if found
+            else f"{label}: no paired difference between OTB at N=4 and any other arm on any metric"
+        )
+        collapsed = {a: v for a, v in res["arms"].items() if v["collapse_rate"] > 0}
+        if collapsed:
+            rates = ", ".join(
+                f"{ARM_LABELS[a]} {round(v['collapse_rate'] * v['runs'])}/{v['runs']}" for a, v in res["arms"].items()
+            )
+            out.append(f"collapses in {cell}: {rates}")
+    return out
+
+
+def study_verdict(ctx: Context) -> str:
+    return "\n".join(f"- {line}." for line in study_sentences(ctx)) + f"\n\n({ctx.link(STUDY)})"
+
+
+def _from_cell(fn):
+    return lambda ctx, stem, cell: fn(ctx.load(stem), cell) + f"\n\n({ctx.link(stem)})"
+
+
 def _from(fn):
     """A block over one JSON: ``fn(data)``, followed by a link to that JSON."""
     return lambda ctx, stem, *names: fn(ctx.load(stem), *([names] if names else [])) + f"\n\n({ctx.link(stem)})"
@@ -517,6 +647,10 @@ BLOCKS = {
     "variance-study": variance_study,
     "variance-legacy": variance_legacy,
     "efficiency": _from(efficiency_table),
+    "study-verdict": study_verdict,
+    "study-paired": _from_cell(study_paired_table),
+    "study-arms": _from_cell(study_arms_table),
+    "study-precondition": _from(study_precondition_table),
 }
 
 # --- pages ---------------------------------------------------------------------------------------------------------

@@ -65,29 +65,29 @@ PREREGISTRATION = {
     "cells": {
         "long": {
             "task": "ramble",
-            "learning_rate": 2e-4,
+            "learning_rate": 1e-3,
             "token_budget": 120_000,
             "eval_every_tokens": 12_000,
-            "target": 0.7,
+            "target": 0.75,
         },
         "short": {
             "task": "copy",
-            "learning_rate": 1e-3,
+            "learning_rate": 5e-4,
             "token_budget": 24_000,
             "eval_every_tokens": 2_400,
-            "target": 0.8,
+            "target": 0.75,
         },
         "long_high_lr": {
             "task": "ramble",
-            "learning_rate": 2e-3,
+            "learning_rate": 3e-3,
             "token_budget": 120_000,
             "eval_every_tokens": 12_000,
-            "target": 0.7,
+            "target": 0.75,
         },
     },
     "cell_notes": "long: the task where variance.py finds OTB's variance far below GRPO's (long, uneven, uncertain "
     "failures; short, confident successes). short: the control, short and alike completions. long_high_lr: the "
-    "stability condition, the long cell at ten times its learning rate. Learning rates: chosen on a pilot seed "
+    "stability condition, the long cell at three times its learning rate. Learning rates: chosen on a pilot seed "
     "(100, not a study seed) for grpo_N4, TRL's default, as the one with the highest auc over the cell's budget "
     "(--pilot: long among 1e-4, 2e-4, 5e-4, 1e-3 and 2e-3; short among 2e-4, 5e-4, 1e-3 and 2e-3; the pilot's "
     "JSONs are training_study_pilot_long.json and training_study_pilot_short.json). Targets: about the score the "
