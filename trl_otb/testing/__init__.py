@@ -150,17 +150,27 @@ def generation_inputs(n_prompts=2):
 
 
 class RecordingReward:
-    """A deterministic reward that varies within groups and remembers what it returned."""
+    """A deterministic reward that varies within groups and remembers what it returned.
+
+    The reward of a completion is ``len % 3 + 0.25 * (first token % 2)``, in [0, 2.25]. Most completions of the tiny
+    model run to the length limit, so a whole group of :data:`N` often ties: its advantages are then 0, and a batch
+    of tied groups trains nothing. ``spread`` adds ``spread * (i % N)`` to row i (its index within its group of N
+    consecutive rows); ``spread > 2.25`` makes the rewards of every group distinct, so every batch has non-zero
+    advantages and every optimizer step moves the weights, which a test that needs the trainer to move relies on.
+    """
 
     __name__ = "recording_reward"
 
-    def __init__(self, none_rows=()):
+    def __init__(self, none_rows=(), spread=0.0):
         self.calls = []
         self.none_rows = set(none_rows)
+        self.spread = spread
 
     def __call__(self, completions, completion_ids, **kwargs):
         out = [
-            None if i in self.none_rows else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0)
+            None
+            if i in self.none_rows
+            else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) + self.spread * (i % N)
             for i, ids in enumerate(completion_ids)
         ]
         self.calls.append(out)
