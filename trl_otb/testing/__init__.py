@@ -7,8 +7,8 @@
   :func:`independent_ratio`.
 - Multi-process tests (groups split across 2 ranks): :data:`SPLIT_PROMPTS`, :func:`split_group_dataset`,
   :func:`split_group_reward`, :data:`MAX_NEW_TOKENS`, :func:`free_port`, :func:`pad_to`.
-- :func:`tool_ready_model`, the 4-bit helpers :func:`load_qlora` and :func:`repack_4bit_layers`,
-  :func:`load_script` (a benchmark script as a module) and :func:`check_model_card`.
+- :func:`tool_ready_model`, the 4-bit helpers :func:`load_qlora`, :func:`arm_4bit_cpu_repack` and
+  :func:`repack_4bit_layers`, :func:`load_script` (a benchmark script as a module) and :func:`check_model_card`.
 - Test-only switches, imported on their own: :mod:`trl_otb.testing.sharded_cpu` (accelerate's FSDP2 and DeepSpeed
   ZeRO-3 paths on CPU processes) and :mod:`trl_otb.testing.vllm_cpu` (TRL's vLLM weight sync on a CPU build of vLLM).
 
@@ -259,6 +259,23 @@ def load_qlora(path):
     except Exception as err:  # pragma: no cover - depends on the bitsandbytes build
         pytest.skip(f"bitsandbytes cannot load a 4-bit model on this CPU: {err}")
     return model
+
+
+def arm_4bit_cpu_repack(model) -> int:
+    """Arm bitsandbytes' CPU repack on every 4-bit layer, as loading on a CPU with AVX512-BF16 does; returns the count.
+
+    bitsandbytes sets ``support_avx512bf16_for_cpu`` when a layer is built, to whether the CPU has AVX512-BF16; only
+    then does the first eval-mode forward without gradients repack the layer (the trap
+    :func:`trl_otb.fidelity.bnb.guard_4bit_cpu_repack` stops). Elsewhere nothing is ever repacked, so a test that
+    concludes "no layer was repacked" from a guarded run sets the flag first: the repack (bitsandbytes' own
+    conversion) then happens on any CPU.
+    """
+    from trl_otb.fidelity.bnb import linear4bit_modules
+
+    layers = linear4bit_modules(model)
+    for _, module in layers:
+        module.support_avx512bf16_for_cpu = True
+    return len(layers)
 
 
 def repack_4bit_layers(model, ids, how: str) -> None:
