@@ -24,6 +24,7 @@ def test_fidelity_check_logs_metrics_at_the_configured_steps(tiny_model_dir, tmp
     )
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
     trainer.train()
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [1, 2, 3]  # 3 batches logged
     logged = [entry for entry in trainer.state.log_history if "otb/fidelity/energy_spearman" in entry]
     # Generation batches at global steps 0 and 2 run the check; step 1's does not.
     assert [entry["step"] for entry in logged] == [1, 3]
