@@ -103,7 +103,7 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
         eval_strategy="steps",
         eval_steps=1,
     )
-    reward, eval_prompts = RecordingReward(spread=3.0), prompts_dataset(4)  # rows 1-3 get rewards >= 3
+    reward, eval_prompts = RecordingReward(distinct=True), prompts_dataset(4)  # rows 1-3: rewards >= 0.1
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset(), eval_dataset=eval_prompts
     )

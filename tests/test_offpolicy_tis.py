@@ -94,7 +94,7 @@ def offpolicy_trainer(tiny_model_dir, tmp_path, mode, reward, **overrides):
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 def test_importance_ratios_weight_the_energy_as_rho_squared(tiny_model_dir, tmp_path, mode):
-    reward = RecordingReward(spread=3.0)  # no group ties: rho changes the advantages
+    reward = RecordingReward(distinct=True)  # no group ties: rho changes the advantages
     trainer, behaviour = offpolicy_trainer(tiny_model_dir, tmp_path, mode, reward)
     batch = trainer._generate_and_score_completions(generation_inputs())
 
@@ -135,7 +135,7 @@ def test_off_policy_training_step_uses_trl_corrected_loss(tiny_model_dir, tmp_pa
 
 
 def test_without_trl_correction_a_rollout_func_gives_no_ratio_and_on_policy_otb(tiny_model_dir, tmp_path):
-    reward, behaviour = RecordingReward(spread=3.0), BehaviourPolicy()  # no group ties: the ratio matters
+    reward, behaviour = RecordingReward(distinct=True), BehaviourPolicy()  # no group ties: the ratio matters
     args = make_args(tmp_path)
     trainer = OTBTrainer(
         tiny_model_dir,

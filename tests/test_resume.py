@@ -14,7 +14,7 @@ from trl_otb.testing import RecordingReward, make_args, prompts_dataset
 
 def train(tiny_model_dir, output_dir, resume_from_checkpoint=None):
     args = make_args(output_dir, max_steps=2, learning_rate=1e-2, save_strategy="steps", save_steps=1)
-    reward = RecordingReward(spread=3.0)  # no group ties: both steps train
+    reward = RecordingReward(distinct=True)  # no group ties: both steps train
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     return trainer, reward

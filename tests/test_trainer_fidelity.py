@@ -57,7 +57,7 @@ def test_qlora_adapters_train_after_generation_on_cpu(tiny_4bit_dir, tmp_path): 
         num_generations_eval=2,
         per_device_eval_batch_size=4,
     )
-    reward = RecordingReward(spread=3.0)  # no group ties: every step has a gradient to lose
+    reward = RecordingReward(distinct=True)  # no group ties: every step has a gradient to lose
     trainer = OTBTrainer(
         model,
         reward_funcs=reward,

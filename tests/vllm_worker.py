@@ -15,9 +15,10 @@ forwards inside each generation batch, and measures how far the trainer has move
 far vLLM's samples are from that checkpoint (which weights vLLM holds). Everything measured goes to OUT_JSON;
 tests/test_vllm.py asserts on it.
 
-The reward is the suite's RecordingReward with distinct rewards in every group (``spread``), so that every batch has
-non-zero advantages and every optimizer step moves the trainer: with tied groups a step can train nothing, and a
-control that needs the trainer to move would then see nothing.
+The reward is the suite's RecordingReward with distinct rewards in every group (``distinct=True``), so that every
+batch has non-zero advantages and every optimizer step moves the trainer: with tied groups a step can train nothing,
+and a control that needs the trainer to move would then see nothing.
+
 A process of its own because a colocated engine leaves torch.distributed initialised and RANK/WORLD_SIZE set.
 """
 
@@ -35,7 +36,6 @@ os.environ.update(vllm_cpu.CPU_ENV)
 # Narrow clip bounds, so that the bfloat16 engine (TRL's colocate LLM(...) passes no dtype, and vLLM runs fp32 models
 # in bf16 on CPU) against the fp32 trainer gives ratios both inside and outside them: every branch of each mode runs.
 CLIP = {"token": (0.99, 1.01), "sequence": (0.97, 1.03)}
-REWARD_SPREAD = 3.0  # > RecordingReward's range (2.25): no two completions of a group tie
 
 
 def build_trainer(spec):
@@ -64,7 +64,7 @@ def build_trainer(spec):
     if spec["trainer"] == "grpo":
         overrides["advantage_estimator"] = "grpo"
     args = make_args(Path(spec["output_dir"]), **overrides)
-    reward = RecordingReward(spread=REWARD_SPREAD)
+    reward = RecordingReward(distinct=True)
     cls = OTBTrainer if spec["trainer"] == "otb" else GRPOTrainer
     trainer = cls(spec["model_dir"], reward_funcs=reward, args=args, train_dataset=prompts_dataset())
     return trainer, reward

@@ -152,25 +152,27 @@ def generation_inputs(n_prompts=2):
 class RecordingReward:
     """A deterministic reward that varies within groups and remembers what it returned.
 
-    The reward of a completion is ``len % 3 + 0.25 * (first token % 2)``, in [0, 2.25]. Most completions of the tiny
-    model run to the length limit, so a whole group of :data:`N` often ties: its advantages are then 0, and a batch
-    of tied groups trains nothing. ``spread`` adds ``spread * (i % N)`` to row i (its index within its group of N
-    consecutive rows); ``spread > 2.25`` makes the rewards of every group distinct, so every batch has non-zero
-    advantages and every optimizer step moves the weights, which a test that needs the trainer to move relies on.
+    The reward of a completion is ``len % 3 + 0.25 * (first token % 2)``, a multiple of 0.25 in [0, 2.25]. Most
+    completions of the tiny model run to the length limit, so a whole group of :data:`N` often ties: its advantages are
+    then 0, and a batch of tied groups trains nothing. ``distinct=True`` adds ``0.1 * (i % N)`` to row i (its index
+    within its group of N consecutive rows): 0.1, 0.2 and 0.3 are no multiples of 0.25, so no two rewards of a group
+    tie, every batch has non-zero advantages and every optimizer step has a gradient, which a test that needs the
+    trainer to move relies on. The rewards stay within [0, 2.55], the scale the tests' tolerances are set for.
     """
 
     __name__ = "recording_reward"
+    DISTINCT_STEP = 0.1
 
-    def __init__(self, none_rows=(), spread=0.0):
+    def __init__(self, none_rows=(), distinct=False):
         self.calls = []
         self.none_rows = set(none_rows)
-        self.spread = spread
+        self.step = self.DISTINCT_STEP if distinct else 0.0
 
     def __call__(self, completions, completion_ids, **kwargs):
         out = [
             None
             if i in self.none_rows
-            else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) + self.spread * (i % N)
+            else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) + self.step * (i % N)
             for i, ids in enumerate(completion_ids)
         ]
         self.calls.append(out)
