@@ -103,7 +103,7 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
         eval_strategy="steps",
         eval_steps=1,
     )
-    reward, eval_prompts = RecordingReward(), prompts_dataset(4)
+    reward, eval_prompts = RecordingReward(distinct=True), prompts_dataset(4)  # rows 1-3: rewards >= 0.1
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset(), eval_dataset=eval_prompts
     )
@@ -112,6 +112,7 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
     assert batch["completion_ids"].size(0) == 4
     rewards = torch.tensor(reward.calls[-1])[:, None]
     mask = batch["completion_mask"].float()
+    assert (rewards * mask).abs().sum() > 0, "precondition failed: no reward on any token, A = R = 0 says nothing"
     # Every completion is its own group. A singleton's baseline is 0 (otb_advantages' docstring), so A = R on its tokens;
     # 'grpo' is TRL's group mean, which is R itself for a singleton, so A = 0.
     expected = torch.zeros_like(mask) if estimator == "grpo" else rewards * mask

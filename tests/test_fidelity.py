@@ -21,8 +21,8 @@ from trl_otb.fidelity import (
     spearman,
     token_statistics,
 )
+from trl_otb.testing import arm_4bit_cpu_repack, repack_4bit_layers
 from trl_otb.testing import load_qlora as _load_qlora
-from trl_otb.testing import repack_4bit_layers
 
 PROMPTS = ["hi", "count: 1 2 3"]
 TEMPERATURE = 0.7
@@ -192,10 +192,17 @@ def _adapter_grads(model, ids):
 
 
 def test_guard_keeps_qlora_gradients_after_eval_and_generate(tiny_4bit_dir):
-    model = _load_qlora(tiny_4bit_dir)
-    assert guard_4bit_cpu_repack(model) > 0
-    model = _lora(model)
     ids = torch.randint(3, 200, (2, 12))
+    # Precondition: the trap is armed (as on a CPU with AVX512-BF16), so an unguarded eval forward does repack.
+    unguarded = _load_qlora(tiny_4bit_dir)
+    arm_4bit_cpu_repack(unguarded)
+    unguarded.eval()
+    with torch.no_grad():
+        unguarded(input_ids=ids)
+    assert packed_4bit_layers(unguarded), "precondition failed: an armed, unguarded eval forward repacked nothing"
+    model = _load_qlora(tiny_4bit_dir)
+    assert arm_4bit_cpu_repack(model) == guard_4bit_cpu_repack(model) > 0
+    model = _lora(model)
     before = _adapter_grads(model, ids)
     model.eval()
     with torch.no_grad():
@@ -227,6 +234,7 @@ def test_unguarded_repack_is_detected_and_can_be_restored(tiny_4bit_dir, how):
 
 def test_fidelity_on_qlora_runs_and_guards(tiny_4bit_dir, tiny_tokenizer):
     model = _load_qlora(tiny_4bit_dir)
+    assert arm_4bit_cpu_repack(model) > 0  # the trap armed: unguarded, the check's generation would repack
     report = run_fidelity_check(
         model, tiny_tokenizer, PROMPTS, num_samples=2, max_new_tokens=4, peft="qlora", seed=1, lora_r=4
     )

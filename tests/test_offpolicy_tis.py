@@ -94,7 +94,7 @@ def offpolicy_trainer(tiny_model_dir, tmp_path, mode, reward, **overrides):
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 def test_importance_ratios_weight_the_energy_as_rho_squared(tiny_model_dir, tmp_path, mode):
-    reward = RecordingReward()
+    reward = RecordingReward(distinct=True)  # no group ties: rho changes the advantages
     trainer, behaviour = offpolicy_trainer(tiny_model_dir, tmp_path, mode, reward)
     batch = trainer._generate_and_score_completions(generation_inputs())
 
@@ -135,18 +135,29 @@ def test_off_policy_training_step_uses_trl_corrected_loss(tiny_model_dir, tmp_pa
 
 
 def test_without_trl_correction_a_rollout_func_gives_no_ratio_and_on_policy_otb(tiny_model_dir, tmp_path):
-    reward = RecordingReward()
+    reward, behaviour = RecordingReward(distinct=True), BehaviourPolicy()  # no group ties: the ratio matters
     args = make_args(tmp_path)
     trainer = OTBTrainer(
         tiny_model_dir,
         reward_funcs=reward,
         args=args,
         train_dataset=prompts_dataset(),
-        rollout_func=BehaviourPolicy(),
+        rollout_func=behaviour,
     )
     batch = trainer._generate_and_score_completions(generation_inputs())
-    assert "sampling_per_token_logps" in batch and "importance_sampling_ratio" not in batch
-    _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+    p_token, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+    mask = batch["completion_mask"]
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
-    expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(len(rewards)) // N)
+    group_ids = torch.arange(len(rewards)) // N
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids)
+    # Precondition: the batch is off-policy enough that OTB with the ratio TRL would have formed gives other
+    # advantages, so that matching the on-policy ones shows no ratio was used.
+    sampling = torch.zeros(mask.shape, dtype=torch.float64)
+    for i, row in enumerate(behaviour.logprobs):
+        sampling[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
+    ratio = independent_ratio(torch.log(p_token), sampling, mask, "token_truncate", *CLIP["token"]).float()
+    with_ratio = otb_advantages(rewards, proxy.float(), mask, group_ids, is_weights=ratio)
+    gap = (with_ratio - expected).abs().max().item()
+    assert gap > 1e-4, f"precondition failed: a ratio would change the advantages by only {gap:.3g}"
+    assert "sampling_per_token_logps" in batch and "importance_sampling_ratio" not in batch
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)

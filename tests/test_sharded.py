@@ -117,12 +117,13 @@ def check_split_batches(ranks: list[dict]) -> None:
 
 def check_exact(ranks: list[dict], mode: str, model_dir: str, out: Path) -> None:
     check_split_batches(ranks)
+    # Precondition of every agreement below: each rank trained on non-zero advantages.
+    assert all(rec["advantages"].abs().sum() > 0 for r in ranks for rec in r["records"])
     trainer, replayed = replay(ranks, mode, model_dir, out)
     gaps = {"advantages": advantage_gap(ranks, replayed), "metrics": 0.0}
     assert gaps["advantages"] <= 1e-5
     for records in (ranks[0]["records"], ranks[1]["records"]):
         for rec, single in zip(records, replayed):
-            assert rec["advantages"].abs().sum() > 0
             names = {k for k in rec["metrics"] if not k.startswith("otb/fidelity/")}
             assert names == set(single["metrics"]) and "otb/total_power" in names
             for name in names:
@@ -202,6 +203,16 @@ def test_replay_comparison_catches_groups_that_were_not_gathered(tiny_model_dir,
     ranks = run_ranks("fsdp2", "nogather", tiny_model_dir, tmp_path)
     assert_engaged("fsdp2", [r["engagement"] for r in ranks])
     check_split_batches(ranks)
+    # Precondition: without the gather each rank groups its own 6 rows as 4 + 2, which cuts the batch's 2nd and 3rd
+    # groups in halves; halves get other baselines than the whole group only where its rewards do not all tie.
+    batch = [r["records"][0] for r in ranks]
+    rewards = split_group_reward(
+        sum((b["prompts"] for b in batch), []), sum((b["completion_id_lists"] for b in batch), [])
+    )
+    cut = [rewards[g * N : (g + 1) * N] for g in (1, 2)]
+    assert any(None not in group and len(set(group)) > 1 for group in cut), (
+        f"precondition failed: the groups the missing gather cuts have no reward spread ({cut})"
+    )
     _, replayed = replay(ranks, "nogather", tiny_model_dir, tmp_path)
     gap = advantage_gap(ranks, replayed)
     print(f"gather disabled: advantages differ from the replay by {gap}")

@@ -67,6 +67,7 @@ def test_trainer_advantages_equal_contract_on_independent_inputs(
     )
     batch = trainer._generate_and_score_completions(generation_inputs())
     hook.remove()
+    assert passes, "precondition failed: the hook saw no forward of the trainer's model"
     # At most one fused (log-prob) pass over the batch: TRL's when it runs one, ours when nothing else can serve.
     assert sum(passes) == fused_passes
     assert ("old_per_token_logps" in batch) == off_policy

@@ -2,9 +2,9 @@
 
 Run by ``make test-vllm`` in ``.venv-vllm``; ``make test`` deselects them (marker ``vllm``), and a plain ``pytest``
 without vLLM installed skips them. Each training run is a process of its own (``tests/vllm_worker.py``): a colocated
-engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync, which cannot run on
-CPU; ``trl_otb.testing.vllm_cpu`` replaces exactly that (module docstring there), so TRL's NCCL transfer is not
-covered here.
+engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync (NCCL-only in server
+mode; in colocate mode it fails where vLLM's CPU backend repacked its linear weights); ``trl_otb.testing.vllm_cpu``
+replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered here.
 
 The engine runs bfloat16 (TRL's colocate ``LLM(...)`` passes no dtype, and vLLM runs fp32 checkpoints in bf16 on
 CPU; the server keeps TRL's ``--dtype auto``) while the trainer is fp32: every batch is slightly off-policy, so the
@@ -50,7 +50,10 @@ SERVER_START_TIMEOUT_S = 300
 STEPS = 3  # generation batches per run: the first follows the initial sync, the others follow optimizer steps
 # bf16 engine vs fp32 trainer keeps each sequence's log-ratio within about 0.1 here, each token's within about 0.05;
 # when the trainer's weights (lr 0.05) do not reach vLLM, tokens are off by about 3 on average and sequences by tens
-# (a sequence of one or two tokens can be off by less, so the control reads the batch's median sequence).
+# (a sequence of one or two tokens can be off by less, so the control reads the batch's median sequence). The same
+# UNSYNCED bound is the precondition of the conclusions drawn from agreement or disagreement: after optimizer steps,
+# the trainer's policy has moved that far from the initial weights on the batch (the worker's rewards never tie
+# within a group, so every step with an unmasked token trains).
 SYNCED = math.log(2.0)
 SYNCED_TOKEN = 0.3
 UNSYNCED = 5.0
@@ -169,12 +172,29 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 # --- assertions shared by both modes -------------------------------------------------------------------------------
 
 
+def assert_trainer_moved(records):
+    """Precondition of every conclusion about syncs: before each of ``records``, the trainer's policy had moved far
+    from the initial weights (those of the first sync), so that vLLM agreeing with it, or not, says which weights
+    vLLM holds."""
+    for record in records:
+        moved = statistics.median(abs(x) for x in record["seq_moved_from_initial"])
+        assert moved > UNSYNCED, (
+            f"precondition failed: the trainer did not move before the batch of step {record['step']} (median "
+            f"|sequence log-ratio| to the initial weights {moved:.3g}, largest weight change "
+            f"{record['param_moved_from_initial_max']:.3g}, rewards {record['rewards']}), so this batch cannot show "
+            "whether the weights reached vLLM"
+        )
+
+
 def assert_otb_run(result, vllm_mode, is_mode):
     records = result["records"]
     assert len(records) == STEPS
     # The weights synced reach vLLM: each of the STEPS syncs sent every parameter, and every batch (also those after
-    # optimizer steps) was sampled from weights within bf16 rounding of the trainer's.
+    # optimizer steps) was sampled from weights within bf16 rounding of the trainer's. Precondition: the trainer had
+    # moved far from the initial weights before the last batch. (Only that one: a masked mode can drop every sequence
+    # of a batch, and its step then trains nothing, but the last batch follows two steps.)
     assert result["syncs"] == [[vllm_mode, result["n_params"]]] * STEPS
+    assert_trainer_moved(records[-1:])
     for record in records:
         assert max(abs(x) for x in record["seq_log_ratio"]) < SYNCED
         assert record["token_log_ratio_abs_max"] < SYNCED_TOKEN
@@ -205,13 +225,21 @@ def assert_otb_run(result, vllm_mode, is_mode):
 
 
 def assert_control_run(result, vllm_mode):
-    """Only the first sync went through: the first batch is on vLLM's copy of the trainer, later ones collapse."""
+    """Only the first sync went through: the first batch is on vLLM's copy of the trainer; later ones are still
+    sampled from the initial weights while the trainer has moved away, so they disagree with it."""
     records = result["records"]
+    assert len(records) == STEPS
+    # Preconditions: every sync after the first was dropped, and the trainer moved before each later batch.
     assert result["syncs"] == [[vllm_mode, result["n_params"]]]
     assert result["skipped_syncs"] == list(range(1, STEPS))
+    assert_trainer_moved(records[1:])
     assert max(abs(x) for x in records[0]["seq_log_ratio"]) < SYNCED
     assert records[0]["token_log_ratio_abs_max"] < SYNCED_TOKEN
     for record in records[1:]:
+        # vLLM still holds the weights of the first sync...
+        assert max(abs(x) for x in record["seq_log_ratio_to_initial"]) < SYNCED
+        assert record["token_log_ratio_to_initial_abs_max"] < SYNCED_TOKEN
+        # ...so its samples are far off the trainer's policy.
         assert statistics.median(abs(x) for x in record["seq_log_ratio"]) > UNSYNCED
         assert record["token_log_ratio_abs_mean"] > UNSYNCED_TOKEN
 
@@ -227,15 +255,21 @@ def test_colocate_otb(run, is_mode):
 def test_colocate_sync_is_real(run):
     control = run("colocate", "token_truncate", sync="first_only")
     assert_control_run(control, "colocate")
-    # ...and TRL's own sync, on this engine, is what fails without the adapter.
-    assert "'Parameter' object has no attribute 'weight_loader'" in control["trl_sync_error"]
+    # ...and TRL's own sync is what fails without the adapter where the engine repacked its linear weights for
+    # oneDNN or AMX kernels; where oneDNN has no bfloat16 matmul for the CPU (no AVX-512), vLLM keeps torch's linear
+    # layers, and TRL's sync loads into them.
+    if control["engine_repacked_weights"]:
+        assert "'Parameter' object has no attribute 'weight_loader'" in control["trl_sync_error"]
+    else:
+        assert control["trl_sync_error"] is None
 
 
 def test_colocate_correction_off_costs_exactly_one_extra_forward(run):
     grpo = run("colocate", "off", trainer="grpo")
     otb = run("colocate", "off")
-    assert [r["forwards"] for r in grpo["records"]] == [0] * STEPS
+    # The counter counts (OTB's pass, one per batch) before its zero for TRL's GRPO is read as "no forward".
     assert [r["forwards"] for r in otb["records"]] == [1] * STEPS
+    assert [r["forwards"] for r in grpo["records"]] == [0] * STEPS
 
 
 # --- server --------------------------------------------------------------------------------------------------------
@@ -253,8 +287,9 @@ def test_server_sync_is_real(run, vllm_server):
 def test_server_correction_off_costs_exactly_one_extra_forward(run, vllm_server):
     grpo = run("server", "off", trainer="grpo", server_url=vllm_server)
     otb = run("server", "off", server_url=vllm_server)
-    assert [r["forwards"] for r in grpo["records"]] == [0] * STEPS
+    # The counter counts (OTB's pass, one per batch) before its zero for TRL's GRPO is read as "no forward".
     assert [r["forwards"] for r in otb["records"]] == [1] * STEPS
+    assert [r["forwards"] for r in grpo["records"]] == [0] * STEPS
 
 
 # --- the example script --------------------------------------------------------------------------------------------

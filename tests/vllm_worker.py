@@ -11,7 +11,14 @@ installed) and, for
 every generation batch, recomputes independently what the trainer should have produced from the same rollout:
 vLLM's sampling log-probs as vLLM returned them, an fp64 full-softmax pass of the trainer's model (pi(y_t), the
 proxy ||e_y - pi||^2 and sum pi^2), the importance ratio, and ``otb_advantages`` from those. It also counts the model
-forwards inside each generation batch. Everything measured goes to OUT_JSON; tests/test_vllm.py asserts on it.
+forwards inside each generation batch, and measures how far the trainer has moved from the initial checkpoint and how
+far vLLM's samples are from that checkpoint (which weights vLLM holds). Everything measured goes to OUT_JSON;
+tests/test_vllm.py asserts on it.
+
+The reward is the suite's RecordingReward with distinct rewards in every group (``distinct=True``), so that every
+batch has non-zero advantages and every optimizer step moves the trainer: with tied groups a step can train nothing,
+and a control that needs the trainer to move would then see nothing.
+
 A process of its own because a colocated engine leaves torch.distributed initialised and RANK/WORLD_SIZE set.
 """
 
@@ -57,14 +64,17 @@ def build_trainer(spec):
     if spec["trainer"] == "grpo":
         overrides["advantage_estimator"] = "grpo"
     args = make_args(Path(spec["output_dir"]), **overrides)
-    reward = RecordingReward()
+    reward = RecordingReward(distinct=True)
     cls = OTBTrainer if spec["trainer"] == "otb" else GRPOTrainer
     trainer = cls(spec["model_dir"], reward_funcs=reward, args=args, train_dataset=prompts_dataset())
     return trainer, reward
 
 
-def instrument(trainer, reward, spec, records):
-    """Wrap the trainer's generation batch and vLLM's generate to record and check each batch."""
+def instrument(trainer, reward, spec, records, initial):
+    """Wrap the trainer's generation batch and vLLM's generate to record and check each batch.
+
+    ``initial``: the model as loaded from the checkpoint (the weights of the first sync), never trained.
+    """
     import torch
 
     from trl_otb import otb_advantages
@@ -105,10 +115,24 @@ def instrument(trainer, reward, spec, records):
         p_token, sum_sq, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
         log_ratio = (torch.log(p_token) - sampling) * mask
         seq_log_ratio = log_ratio.sum(1)
+        # The same batch under the initial weights: how far the trainer has moved, and whether vLLM sampled from them.
+        p_initial, _, _ = independent_rollout_stats(initial, batch, trainer.temperature)
+        moved = (torch.log(p_token) - torch.log(p_initial)) * mask
+        to_initial = (torch.log(p_initial) - sampling) * mask
+        initial_params = dict(initial.named_parameters())
         record.update(
+            step=trainer.state.global_step,
+            rewards=list(reward.calls[-1]),
             seq_log_ratio=seq_log_ratio.tolist(),
             token_log_ratio_abs_max=log_ratio.abs().max().item(),
             token_log_ratio_abs_mean=(log_ratio.abs().sum() / mask.sum()).item(),
+            seq_moved_from_initial=moved.sum(1).tolist(),
+            param_moved_from_initial_max=max(
+                (param.detach() - initial_params[name]).abs().max().item()
+                for name, param in trainer.model.named_parameters()
+            ),
+            seq_log_ratio_to_initial=to_initial.sum(1).tolist(),
+            token_log_ratio_to_initial_abs_max=to_initial.abs().max().item(),
             proxy_identity_err=(proxy - (1 - 2 * p_token + sum_sq)).abs().max().item(),
         )
         rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
@@ -145,9 +169,13 @@ def main(spec_path, out_path):
     vllm_cpu.install()
     if spec.get("sync", "adapter") == "first_only":
         vllm_cpu.skip_syncs_after_first()
+    from transformers import AutoModelForCausalLM
+
     trainer, reward = build_trainer(spec)
+    initial = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=trainer.model.dtype).eval()
+    initial.requires_grad_(False)
     records = []
-    instrument(trainer, reward, spec, records)
+    instrument(trainer, reward, spec, records, initial)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
@@ -160,7 +188,10 @@ def main(spec_path, out_path):
         "log_history": trainer.state.log_history,
     }
     if spec.get("sync") == "first_only" and spec["vllm_mode"] == "colocate":
-        # TRL's own sync against this CPU engine: the error the adapter exists for.
+        # TRL's own sync against this CPU engine: the error the adapter exists for, where vLLM's CPU backend replaced
+        # linear weights by kernel-layout copies (empty parameters without a weight_loader are left in their place).
+        engine_model = trainer.vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        result["engine_repacked_weights"] = [n for n, p in engine_model.named_parameters() if p.numel() == 0]
         try:
             vllm_cpu.ORIGINALS["sync_weights"](trainer.vllm_generation)
             result["trl_sync_error"] = None

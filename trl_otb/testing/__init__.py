@@ -7,8 +7,9 @@
   :func:`independent_ratio`.
 - Multi-process tests (groups split across 2 ranks): :data:`SPLIT_PROMPTS`, :func:`split_group_dataset`,
   :func:`split_group_reward`, :data:`MAX_NEW_TOKENS`, :func:`free_port`, :func:`pad_to`.
-- :func:`tool_ready_model`, the 4-bit helpers :func:`load_qlora` and :func:`repack_4bit_layers`,
-  :func:`load_script` (a benchmark script as a module), :func:`check_model_card` and :func:`fake_tracker_run`.
+- :func:`tool_ready_model`, the 4-bit helpers :func:`load_qlora`, :func:`arm_4bit_cpu_repack` and
+  :func:`repack_4bit_layers`, :func:`load_script` (a benchmark script as a module), :func:`check_model_card` and
+  :func:`fake_tracker_run`.
 - Test-only switches, imported on their own: :mod:`trl_otb.testing.sharded_cpu` (accelerate's FSDP2 and DeepSpeed
   ZeRO-3 paths on CPU processes) and :mod:`trl_otb.testing.vllm_cpu` (TRL's vLLM weight sync on a CPU build of vLLM).
 
@@ -150,17 +151,29 @@ def generation_inputs(n_prompts=2):
 
 
 class RecordingReward:
-    """A deterministic reward that varies within groups and remembers what it returned."""
+    """A deterministic reward that varies within groups and remembers what it returned.
+
+    The reward of a completion is ``len % 3 + 0.25 * (first token % 2)``, a multiple of 0.25 in [0, 2.25]. Most
+    completions of the tiny model run to the length limit, so a whole group of :data:`N` often ties: its advantages are
+    then 0, and a batch of tied groups trains nothing. ``distinct=True`` adds ``0.1 * (i % N)`` to row i (its index
+    within its group of N consecutive rows): 0.1, 0.2 and 0.3 are no multiples of 0.25, so no two rewards of a group
+    tie, every batch has non-zero advantages and every optimizer step has a gradient, which a test that needs the
+    trainer to move relies on. The rewards stay within [0, 2.55], the scale the tests' tolerances are set for.
+    """
 
     __name__ = "recording_reward"
+    DISTINCT_STEP = 0.1
 
-    def __init__(self, none_rows=()):
+    def __init__(self, none_rows=(), distinct=False):
         self.calls = []
         self.none_rows = set(none_rows)
+        self.step = self.DISTINCT_STEP if distinct else 0.0
 
     def __call__(self, completions, completion_ids, **kwargs):
         out = [
-            None if i in self.none_rows else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0)
+            None
+            if i in self.none_rows
+            else float(len(ids) % 3) + 0.25 * (ids[0] % 2 if ids else 0) + self.step * (i % N)
             for i, ids in enumerate(completion_ids)
         ]
         self.calls.append(out)
@@ -249,6 +262,23 @@ def load_qlora(path):
     except Exception as err:  # pragma: no cover - depends on the bitsandbytes build
         pytest.skip(f"bitsandbytes cannot load a 4-bit model on this CPU: {err}")
     return model
+
+
+def arm_4bit_cpu_repack(model) -> int:
+    """Arm bitsandbytes' CPU repack on every 4-bit layer, as loading on a CPU with AVX512-BF16 does; returns the count.
+
+    bitsandbytes sets ``support_avx512bf16_for_cpu`` when a layer is built, to whether the CPU has AVX512-BF16; only
+    then does the first eval-mode forward without gradients repack the layer (the trap
+    :func:`trl_otb.bnb.guard_4bit_cpu_repack` stops). Elsewhere nothing is ever repacked, so a test that
+    concludes "no layer was repacked" from a guarded run sets the flag first: the repack (bitsandbytes' own
+    conversion) then happens on any CPU.
+    """
+    from trl_otb.bnb import linear4bit_modules
+
+    layers = linear4bit_modules(model)
+    for _, module in layers:
+        module.support_avx512bf16_for_cpu = True
+    return len(layers)
 
 
 def repack_4bit_layers(model, ids, how: str) -> None:

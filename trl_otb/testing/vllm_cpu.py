@@ -4,10 +4,12 @@ TRL's weight sync does not run on CPU, for two reasons, and this module replaces
 
 - **colocate**: ``VLLMGeneration.sync_weights`` writes each parameter with
   ``driver_worker.model_runner.model.load_weights([(name, param)])``. vLLM's CPU backend repacks linear weights after
-  loading, and the repacked parameters have no ``weight_loader``, so the first sync fails with
-  ``'Parameter' object has no attribute 'weight_loader'``. The adapter feeds the same parameters (TRL's own
-  ``_iter_named_params``) to vLLM's layer-by-layer reload (``Worker.reload_weights``), which restores the checkpoint
-  layout, loads, and repacks again; then resets the prefix cache as TRL does. The server path is left to TRL.
+  loading for its oneDNN or AMX kernels, and the repacked parameters have no ``weight_loader``, so the first sync
+  fails with ``'Parameter' object has no attribute 'weight_loader'`` (on a CPU where oneDNN has no bfloat16 matmul,
+  e.g. without AVX-512, vLLM keeps torch's linear layers and TRL's own sync loads). The adapter feeds the same
+  parameters (TRL's own ``_iter_named_params``) to vLLM's layer-by-layer reload (``Worker.reload_weights``), which
+  restores the checkpoint layout, loads, and repacks again; then resets the prefix cache as TRL does. The server
+  path is left to TRL.
 - **server**: ``VLLMClient.init_communicator`` raises ``NotImplementedError`` for a CPU device (the weight transfer is
   NCCL-only), and ``VLLMClient.update_named_params`` broadcasts over that NCCL group. The adapter skips the group and
   sends the same tensors through the disk: one safetensors file, then the server's dev-mode ``/collective_rpc``
