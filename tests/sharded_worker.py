@@ -10,7 +10,9 @@ MODE:
   per_device_train_batch_size 6 and groups of 4, so the middle group of each 12-completion batch is split
   across the ranks; rank 0 generates at most 5 tokens and rank 1 up to 12. ``onpolicy`` also runs the
   fidelity check at every step. ``nogather`` is one on-policy step of an OTB whose cross-process gather is
-  disabled (the replay comparison must catch it). Each rank saves what it generated, its batch, advantages, rewards and
+  disabled (the replay comparison must catch it). ``bf16``: one generation batch of two iterations (the proxy comes
+  from TRL's rollout pass) in bf16 mixed precision, as examples/accelerate_configs/fsdp2.yaml trains on GPUs; it
+  also saves the dtypes of a decoder layer's weight and output during the forwards. Each rank saves what it generated, its batch, advantages, rewards and
   otb/ metrics per generation batch, evidence that the engine engaged, and rank 0 the final full weights.
 - ``lmhead``: TRL's fused head with lm_head wrapped as its own FSDP2 unit (plain ``fully_shard``): saves each
   rank's input rows and the gathered lm_head gradient after one backward.
@@ -70,11 +72,16 @@ def train(engine: str, mode: str, model_dir: str, out_dir: str) -> None:
     trainer.records = []
     rank = trainer.accelerator.process_index
     trainer.generation_config.max_new_tokens = MAX_NEW_TOKENS[rank]
+    compute_dtypes = set()
+    trainer.model.model.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda module, args, output: compute_dtypes.add((str(module.weight.dtype), str(output.dtype)))
+    )
     trainer.train()
     from trl_otb import sharding
 
     weights = sharding._full_parameters(trainer.model, sharding.engine(trainer.accelerator))
     result = {"records": trainer.records, "engagement": engagement(trainer), "log_history": trainer.state.log_history}
+    result["compute_dtypes"] = sorted(compute_dtypes)
     if rank == 0:
         result["weights"] = {k: v.cpu() for k, v in weights.items()}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

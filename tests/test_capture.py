@@ -32,28 +32,60 @@ def test_rewards_are_required_not_reused():
         capture.rewards()
 
 
+def fused_output(log_probs, log_sum_sq_probs):
+    """What the fused head's forward returns, as far as the capture reads it."""
+    return type("Out", (), {"log_probs": log_probs, "log_sum_sq_probs": log_sum_sq_probs})()
+
+
 def test_rollout_pass_is_the_first_pass_and_must_be_trls():
     capture = BatchCapture(wants_sum_pi_sq=True)
     assert capture.rollout_pass(torch.zeros(2, 3)) is None  # no pass recorded
     for logps in (torch.zeros(2, 3), torch.ones(2, 3)):
         capture.begin_pass()
-        capture.record_forward(type("Out", (), {"log_sum_sq_probs": torch.zeros(2, 5)})())
+        capture.record_forward(fused_output(torch.zeros(2, 5), torch.zeros(2, 5)))
         capture.end_pass(logps, logits_to_keep=3)
     first, second = capture.passes
-    assert first.log_sum_sq_probs.shape == (2, 3)
-    assert capture.rollout_pass(first.logps) is first
+    assert first.log_sum_sq_probs.shape == first.logps.shape == (2, 3)
+    assert capture.rollout_pass(first.returned) is first
     assert capture.rollout_pass(None) is None  # TRL ran no rollout pass
     with pytest.raises(RuntimeError, match="not TRL's rollout pass"):
-        capture.rollout_pass(second.logps)
+        capture.rollout_pass(second.returned)
+
+
+def test_a_pass_keeps_the_fused_heads_pair_when_trl_received_a_cast_copy():
+    """accelerate <= 1.15's FSDP2 casts a bf16 run's outputs to bf16 after the forward: TRL then receives bf16
+    log-probs, while the fused head computed them, and sum pi^2, in fp32. The proxy's inputs are the fp32 pair."""
+    log_probs = -torch.rand(4, 6, dtype=torch.float32) * 5
+    log_sum_sq = -torch.rand(4, 6, dtype=torch.float32)
+    capture = BatchCapture(wants_sum_pi_sq=True)
+    capture.begin_pass()
+    for rows in (slice(0, 2), slice(2, 4)):  # TRL forwards in chunks of rows
+        capture.record_forward(fused_output(log_probs[rows], log_sum_sq[rows]))
+    received = log_probs[:, -4:].to(torch.bfloat16)
+    capture.end_pass(received, logits_to_keep=4)
+    (recorded,) = capture.passes
+    assert recorded.returned is received and (recorded.logps != received.float()).any()  # bf16 lost digits
+    assert recorded.logps.dtype == recorded.log_sum_sq_probs.dtype == torch.float32
+    assert torch.equal(recorded.logps, log_probs[:, -4:]) and torch.equal(
+        recorded.log_sum_sq_probs, log_sum_sq[:, -4:]
+    )
+
+
+def test_a_pass_whose_forwards_do_not_match_what_trl_returned_fails():
+    capture = BatchCapture(wants_sum_pi_sq=True)
+    capture.begin_pass()
+    capture.record_forward(fused_output(torch.zeros(2, 5), torch.zeros(2, 5)))
+    with pytest.raises(RuntimeError, match="TRL internals changed"):
+        capture.end_pass(torch.zeros(3, 3), logits_to_keep=3)
 
 
 def test_a_pass_that_raised_is_not_recorded():
     capture = BatchCapture(wants_sum_pi_sq=True)
     capture.begin_pass()
-    capture.record_forward(type("Out", (), {"log_sum_sq_probs": torch.zeros(2, 5)})())
+    capture.record_forward(fused_output(torch.zeros(2, 5), torch.zeros(2, 5)))
     capture.end_pass(None, logits_to_keep=3)
     assert capture.passes == []
-    capture.record_forward(type("Out", (), {"log_sum_sq_probs": None})())  # disarmed: ignored, no error
+    capture.record_forward(fused_output(None, None))  # disarmed: ignored, no error
 
 
 def test_the_capture_is_open_only_while_a_batch_is_scored(tiny_model_dir, monkeypatch):

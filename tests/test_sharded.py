@@ -219,6 +219,44 @@ def test_replay_comparison_catches_groups_that_were_not_gathered(tiny_model_dir,
     assert gap > 0.1
 
 
+# bf16 rounds to 8 significant bits (relative error up to 2^-9 per rounding) and the logits pass through every
+# layer in bf16, under FSDP2 as in one process, with different batch shapes: w_t (in [0, 2)) differs from the
+# single-process replay by 0.019 at most here, the advantages by 0.002.
+BF16_PROXY_ATOL = 0.05
+BF16_ADVANTAGE_ATOL = 0.01
+
+
+@pytest.mark.multiprocess
+def test_proxy_under_fsdp2_bf16_is_formed_in_one_precision(tiny_model_dir, tmp_path):
+    """FSDP2 with bf16 mixed precision, as examples/accelerate_configs/fsdp2.yaml trains on GPUs. accelerate <= 1.15
+    casts the model's outputs to bf16 there (its policy sets output_dtype), so the log-probs TRL's rollout pass
+    returns are bf16 while the fused head computed them, and sum pi^2, in fp32: the proxy must be formed from the
+    fused head's pair, not from a bf16 log pi and an fp32 sum pi^2. accelerate 1.16 no longer casts."""
+    ranks = run_ranks("fsdp2", "bf16", tiny_model_dir, tmp_path)
+    assert_engaged("fsdp2", [r["engagement"] for r in ranks])
+    check_split_batches(ranks)
+    for r in ranks:  # mixed precision was on: the layers ran with bf16 weights, and the proxy came from TRL's pass
+        assert r["engagement"]["param_dtype"] == torch.bfloat16
+        assert r["compute_dtypes"] == [("torch.bfloat16", "torch.bfloat16")]
+        (rec,) = r["records"]
+        assert rec["from_rollout_pass"]
+        received = r["engagement"]["output_dtype"] or torch.float32  # bf16 under accelerate <= 1.15
+        assert rec["trl_logps"].dtype == received
+        assert rec["input_dtypes"] == (torch.float32, torch.float32)
+
+    _, (single,) = replay(ranks, "bf16", tiny_model_dir, tmp_path)
+    assert single["from_rollout_pass"] and single["input_dtypes"] == (torch.float32, torch.float32)
+    a, b = (r["records"][0] for r in ranks)
+    T = max(a["proxy"].size(1), b["proxy"].size(1), single["proxy"].size(1))
+    mask = torch.cat([pad_to(a["completion_mask"], T), pad_to(b["completion_mask"], T)]).bool()
+    got = torch.cat([pad_to(a["proxy"], T), pad_to(b["proxy"], T)])
+    proxy_gap = (got - pad_to(single["proxy"], T))[mask].abs().max().item()
+    advantage_gap_ = advantage_gap(ranks, [single])
+    print(f"FSDP2 bf16, TRL received {a['trl_logps'].dtype}: proxy gap {proxy_gap}, advantage gap {advantage_gap_}")
+    assert proxy_gap <= BF16_PROXY_ATOL and advantage_gap_ <= BF16_ADVANTAGE_ATOL
+    assert got[mask].std() > 0.1  # the proxy varies across tokens, so agreeing means something
+
+
 @pytest.mark.multiprocess
 def test_trl_fused_head_does_not_average_the_gradient_of_an_lm_head_unit(tiny_model_dir, tmp_path):
     """TRL 1.16 bug (it hits GRPOTrainer too): with lm_head its own FSDP2 unit, the fused head's

@@ -29,10 +29,17 @@ __all__ = ["BatchCapture", "GatheredGroups", "LogProbPass"]
 
 @dataclass(frozen=True)
 class LogProbPass:
-    """One no-grad log-prob pass: ``logps`` (what TRL received) and ``log_sum_sq_probs``, both ``[B, T]``."""
+    """log pi(y_t) and log sum_v pi(v)^2, both ``[B, T]``, from one source and so in one precision.
+
+    For a no-grad pass both are read by a forward hook from the same fused-head output (fp32 in TRL 1.16), and
+    ``returned`` is what TRL received from that pass, which an engine may have cast since: accelerate <= 1.15's FSDP2
+    casts the outputs of a bf16 run to bf16, so a proxy formed from ``returned`` would mix bf16 log pi with fp32
+    sum pi^2. ``returned`` is None for the statistics read while sampling.
+    """
 
     logps: torch.Tensor
     log_sum_sq_probs: torch.Tensor
+    returned: torch.Tensor | None = None
 
 
 @dataclass
@@ -46,7 +53,7 @@ class BatchCapture:
     rewards_per_func: torch.Tensor | None = None
     sampling_stats: RolloutStatsCollector | None = None
     passes: list[LogProbPass] = field(default_factory=list)
-    _chunks: list[torch.Tensor] | None = None  # log sum pi^2 of each forward chunk while a pass runs
+    _chunks: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (log pi, log sum pi^2) per forward while armed
 
     # --- filled while TRL runs ---------------------------------------------------------------------------------
 
@@ -55,7 +62,7 @@ class BatchCapture:
         self._chunks = []
 
     def record_forward(self, output) -> None:
-        """Forward hook body: keep the fused head's ``log_sum_sq_probs`` while a pass is armed."""
+        """Forward hook body: keep the fused head's ``log_probs`` and ``log_sum_sq_probs`` while a pass is armed."""
         if self._chunks is None:
             return
         log_sum_sq = getattr(output, "log_sum_sq_probs", None)
@@ -65,14 +72,20 @@ class BatchCapture:
                 "replaced the forward that OTBTrainer patched (e.g. a fused-loss kernel); remove it, or set "
                 "otb_proxy='uniform'."
             )
-        self._chunks.append(log_sum_sq)
+        self._chunks.append((output.log_probs, log_sum_sq))
 
-    def end_pass(self, logps: torch.Tensor | None, logits_to_keep: int) -> None:
-        """The pass returned ``logps`` (None if it raised): store it with its chunks, disarm."""
+    def end_pass(self, returned: torch.Tensor | None, logits_to_keep: int) -> None:
+        """The pass returned ``returned`` (None if it raised): store it with its chunks, disarm."""
         chunks, self._chunks = self._chunks, None
-        if logps is not None and chunks:
-            log_sum_sq = torch.cat([chunk[:, -logits_to_keep:] for chunk in chunks], dim=0)
-            self.passes.append(LogProbPass(logps, log_sum_sq))
+        if returned is None or not chunks:
+            return
+        logps, log_sum_sq = (torch.cat([c[i][:, -logits_to_keep:] for c in chunks], dim=0) for i in range(2))
+        if logps.shape != returned.shape:
+            raise RuntimeError(
+                f"The fused head's forwards gave log-probs of shape {tuple(logps.shape)} but TRL's log-prob pass "
+                f"returned {tuple(returned.shape)}: the TRL internals changed (see trl_otb/compat.py)."
+            )
+        self.passes.append(LogProbPass(logps, log_sum_sq, returned))
 
     # --- read after TRL returned -------------------------------------------------------------------------------
 
@@ -86,7 +99,7 @@ class BatchCapture:
         return self.rewards_per_func
 
     def rollout_pass(self, old_per_token_logps: torch.Tensor | None) -> LogProbPass | None:
-        """TRL's own rollout-time pass, if it ran one (``old_per_token_logps`` is then its result).
+        """TRL's own rollout-time pass, if it ran one (``old_per_token_logps`` is then what it returned).
 
         TRL 1.16 runs it before any reference-model pass (``compat.REQUIRED_ORDER`` checks the order), so it is
         the first pass recorded; the identity check makes a change of order fail instead of using the wrong pass.
@@ -94,7 +107,7 @@ class BatchCapture:
         if old_per_token_logps is None or not self.passes:
             return None
         first = self.passes[0]
-        if first.logps is not old_per_token_logps:
+        if first.returned is not old_per_token_logps:
             raise RuntimeError(
                 "The first log-prob pass of this generation batch is not TRL's rollout pass (old_per_token_logps); "
                 "the TRL internals changed (see trl_otb/compat.py)."

@@ -253,7 +253,11 @@ class OTBTrainer(GRPOTrainer):
 
     def _otb_local_proxy(self, batch: dict, capture: BatchCapture) -> torch.Tensor:
         """``[B_local, T_local]`` w_t from the cheapest source of log pi(y_t) and log sum pi^2: TRL's rollout pass,
-        else the statistics recorded while sampling, else one more no-grad pass."""
+        else the statistics recorded while sampling, else one more no-grad pass.
+
+        Both come from one source, in one precision, and w_t is formed in fp32: from a pass, the fused head's outputs
+        as the forward hook read them, not the log-probs TRL received (under FSDP2 mixed precision, accelerate <= 1.15
+        casts those to bf16)."""
         if not capture.wants_sum_pi_sq:
             return uniform_proxy(batch["completion_mask"])
         stats = capture.rollout_pass(batch.get("old_per_token_logps"))

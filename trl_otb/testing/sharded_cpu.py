@@ -7,9 +7,10 @@ wraps the model in DDP (the FSDP plugin is ignored); without it and without a GP
 trains alone. torch's ``fully_shard`` itself trains fine on CPU with gloo, so
 :func:`force_fsdp_on_cpu` switches the distributed type to ``FSDP`` after accelerate picked
 ``MULTI_CPU``, in both ``AcceleratorState`` and ``PartialState`` (``set_seed`` builds a fresh
-``AcceleratorState`` view from ``PartialState``). This is a switch for these tests, not a way to
-train: it only makes accelerate's own FSDP2 code path run on a CPU so that it can be tested here.
-Every test that uses it asserts that the model really was sharded.
+``AcceleratorState`` view from ``PartialState``). With mixed precision (``bf16=True``) it then sets the FSDP
+plugin's mixed-precision policy, as accelerate's GPU branch does (``fsdp_plugin.set_mixed_precision``).
+This is a switch for these tests, not a way to train: it only makes accelerate's own FSDP2 code path run on a
+CPU so that it can be tested here. Every test that uses it asserts that the model really was sharded.
 
 DeepSpeed ZeRO-3: ``DS_ACCELERATOR=cpu`` makes DeepSpeed itself run on CPU over gloo, but accelerate
 finds no distributed backend without a GPU (``_prepare_backend`` returns none), so every process runs
@@ -62,6 +63,8 @@ def force_fsdp_on_cpu() -> None:
         original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
         if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:
             self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
             self.fsdp_plugin = fsdp_plugin
             PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
@@ -117,15 +120,17 @@ def install_from_environment() -> None:
 def sharded_config(output_dir: str, mode: str, **overrides):
     """The sharded runs' ``OTBConfig`` for MODE (tests/sharded_worker.py).
 
-    The single-process replay uses it with per_device_train_batch_size=12.
+    The single-process replay uses it with per_device_train_batch_size=12. ``bf16``: one generation batch of two
+    iterations (so TRL runs its rollout pass, the proxy's source) in bf16 mixed precision.
     """
     values = dict(
         output_dir=output_dir,
         gradient_checkpointing=True,
         per_device_train_batch_size=6,
         steps_per_generation=1,
-        num_iterations=2 if mode == "iter2" else 1,
+        num_iterations=2 if mode in ("iter2", "bf16") else 1,
         max_steps=4 if mode == "iter2" else 2,
+        bf16=mode == "bf16",
         # SGD: the final weights then compare the gradients. Adam divides each coordinate by its own gradient scale,
         # so coordinates whose gradient is ~0 move by ~lr on float rounding alone (measured: weights 8e-3 apart
         # after 4 Adam steps at lr 1e-2 with num_iterations=2, 6e-8 with SGD).
@@ -144,6 +149,15 @@ class RecordingTrainer(OTBTrainer):
         self._record = {"prompt_id_lists": [list(p) for p in prompt_ids], "completion_id_lists": completion_ids}
         return completion_ids, logprobs
 
+    def _otb_local_proxy(self, batch, capture):
+        proxy = super()._otb_local_proxy(batch, capture)
+        stats = capture.rollout_pass(batch.get("old_per_token_logps"))
+        self._proxy = {"proxy": proxy.detach().cpu(), "from_rollout_pass": stats is not None}
+        if stats is not None:  # what the proxy was formed from, and what TRL received from the same pass
+            self._proxy["input_dtypes"] = (stats.logps.dtype, stats.log_sum_sq_probs.dtype)
+            self._proxy["trl_logps"] = batch["old_per_token_logps"].detach().cpu()
+        return proxy
+
     def _otb_gather(self, batch, proxy, rewards):
         groups = super()._otb_gather(batch, proxy, rewards)
         self._rewards = groups.rewards[groups.rows].cpu()
@@ -156,6 +170,7 @@ class RecordingTrainer(OTBTrainer):
         record.update({k: batch[k].detach().cpu() for k in keys})
         record["prompts"] = [str(x["prompt"]) for x in inputs]
         record["rewards"] = self._rewards
+        record.update(self._proxy)
         record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
         self.records.append(record)
         return batch
@@ -176,6 +191,9 @@ def engagement(trainer) -> dict:
         out["head_is_dtensor"] = isinstance(head, DTensor)
         out["head_local_rows"] = head.to_local().shape[0] if isinstance(head, DTensor) else head.shape[0]
         out["head_rows"] = head.shape[0]
+        policy = trainer.accelerator.state.fsdp_plugin.mixed_precision_policy
+        out["param_dtype"] = getattr(policy, "param_dtype", None)
+        out["output_dtype"] = getattr(policy, "output_dtype", None)
     if trainer.accelerator.distributed_type == DistributedType.DEEPSPEED:
         from deepspeed import DeepSpeedEngine
 
