@@ -1124,8 +1124,12 @@ def print_summary(space, h, res: dict, prompts: int) -> None:
 def run_meta(args, run: Plan, pools: Pools, lora_s: dict, analysis_s: dict, start: float) -> dict:
     q = args.quick
     return {
-        "command": command("variance.py"),
-        "model": "tiny random Llama" if q else "embedded SmolLM2-135M-Instruct",
+        "command": args.command,
+        "model": "tiny random Llama"
+        if q
+        else f"the training study's warm-started 2-layer Llama (seed {args.seed})"
+        if args.task in STUDY_TASKS
+        else "embedded SmolLM2-135M-Instruct",
         "task": "synthetic" if q else args.task,
         "count_targets": args.count_targets if args.task == "count" and not q else None,
         "spaces": run.spaces,
@@ -1174,6 +1178,8 @@ def replot(args) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    # The command that reproduces this run: its own arguments when another script calls main(argv).
+    args.command = command("variance.py") if argv is None else " ".join(["python benchmarks/variance.py", *argv])
     if args.replot:
         return replot(args)
     torch.set_num_threads(args.threads)
