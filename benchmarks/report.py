@@ -420,7 +420,7 @@ def variance_sentence(ctx: Context) -> str:
         parts.append(f"within noise ({_span(alike)}) {where}")
     if higher:
         parts.append(f"higher ({_span(higher)}) in " + ", ".join(label for label, _, _ in higher))
-    text = "OTB's gradient variance at N=4 was " + " and ".join(parts)
+    text = "OTB's gradient variance at N=4 (SmolLM2-135M) was " + " and ".join(parts)
     ogb = _n4(ctx, "ogb")
     differ = [c for c in ogb if c[2]["significant"]]
     if differ:
@@ -454,9 +454,9 @@ def readme_verdict(ctx: Context) -> str:
     """The README's summary: variance against GRPO and OGB, the training run, the step's cost."""
     on, _, _, vllm_nois = (_overhead_ratio(ctx, stem, name) for stem, name, _ in OVERHEAD)
     return (
-        f"**What the measurements say** (SmolLM2-135M on CPU; the verdict and what was not measured: "
+        f"**What the measurements say** (on CPU; the verdict and what was not measured: "
         f"[docs/benchmarks.md]({ctx.to_root}docs/benchmarks.md#should-i-use-otb)): {variance_sentence(ctx)}; "
-        f"{training_sentence(ctx, arms=('otb_N4', 'grpo_N4'))}; a training step costs {on} GRPO's CPU time "
+        f"{study_readme_sentence(ctx)}; a training step costs {on} GRPO's CPU time "
         f"({vllm_nois} with vLLM and TRL's importance-sampling correction off)."
     )
 
@@ -593,32 +593,84 @@ def study_precondition_table(data) -> str:
     return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows))
 
 
+def _comparison(metrics: dict) -> dict[str, list[str]]:
+    """The metrics on which OTB's paired interval against one arm excludes 0, as {"better": [...], "worse": [...]}."""
+    out = {"better": [], "worse": []}
+    for k, t in metrics.items():
+        mark = _better(k, t)
+        if mark:
+            out[mark].append(METRIC_LABELS[k])
+    return out
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _cell_findings(res: dict, arms=None) -> tuple[list[str], list[str]]:
+    """What OTB at N=4 was against each arm of a cell (``arms``: all by default): clauses where the paired interval
+    excludes 0, and the labels of the arms it was no different from on every metric."""
+    clauses, same = [], []
+    for pair, metrics in res["paired"].items():
+        arm = pair.split("-", 1)[1]
+        if arms is not None and arm not in arms:
+            continue
+        found = _comparison(metrics)
+        parts = [f"{word} than {ARM_LABELS[arm]} on {_and(found[word])}" for word in found if found[word]]
+        if parts:
+            clauses.append("; ".join(parts))
+        else:
+            same.append(ARM_LABELS[arm])
+    return clauses, same
+
+
+def _seeds(res: dict) -> int:
+    return min((next(iter(m.values()))["seeds"] for m in res["paired"].values()), default=0)
+
+
 def study_sentences(ctx: Context) -> list[str]:
-    """Per cell, what the paired comparisons say, then the collapse rates where any arm collapsed."""
+    """Per cell, what the paired comparisons say, then each arm's collapses where any arm collapsed."""
     data = ctx.load(STUDY)
     out = []
     for cell, res in data["cells"].items():
+        if not res["paired"]:
+            out.append(f"{cell}: not run yet")
+            continue
         spec = data["preregistration"]["cells"][cell]
-        seeds = min((next(iter(m.values()))["seeds"] for m in res["paired"].values()), default=0)
-        found = []
-        for pair, metrics in res["paired"].items():
-            marks = {k: _better(k, t) for k, t in metrics.items()}
-            differ = [f"{METRIC_LABELS[k]} {mark}" for k, mark in marks.items() if mark]
-            if differ:
-                found.append(f"than {ARM_LABELS[pair.split('-', 1)[1]]}: {', '.join(differ)}")
-        label = f"{cell} ({spec['task']}, {seeds} paired seeds)"
-        out.append(
-            f"{label}: OTB at N=4 differed {'; '.join(found)}"
-            if found
-            else f"{label}: no paired difference between OTB at N=4 and any other arm on any metric"
-        )
-        collapsed = {a: v for a, v in res["arms"].items() if v["collapse_rate"] > 0}
-        if collapsed:
+        clauses, same = _cell_findings(res)
+        text = f"{cell} ({spec['task']}, learning rate {spec['learning_rate']:.0e}, {_seeds(res)} paired seeds): OTB at N=4 was "
+        if clauses:
+            text += "; ".join(clauses)
+            if same:
+                text += f"; no different from {', '.join(same)} on any metric"
+        else:
+            text += "no different from any other arm on any metric"
+        out.append(text)
+        if any(v["collapse_rate"] > 0 for v in res["arms"].values()):
             rates = ", ".join(
                 f"{ARM_LABELS[a]} {round(v['collapse_rate'] * v['runs'])}/{v['runs']}" for a, v in res["arms"].items()
             )
-            out.append(f"collapses in {cell}: {rates}")
+            out.append(f"runs that collapsed in {cell}: {rates}")
     return out
+
+
+def study_readme_sentence(ctx: Context, cell: str = "long") -> str:
+    """The README's line on training: the long cell of the study, OTB at N=4 against TRL's default GRPO, OGB and
+    GRPO at N=16."""
+    data = ctx.load(STUDY)
+    res, spec = data["cells"][cell], data["preregistration"]["cells"][cell]
+    if not res["paired"]:
+        return "the pre-registered training study has not run yet"
+    clauses, same = _cell_findings(res, arms=("grpo_N4", "ogb_N4", "grpo_N16"))
+    same = [f"no different from {_and(same)} on any of them"] if same else []
+    runs = sum(v["runs"] for v in res["arms"].values())
+    collapsed = sum(round(v["collapse_rate"] * v["runs"]) for v in res["arms"].values())
+    return (
+        f"in a pre-registered training study (a 2-layer model warm-started on CPU, a {spec['task']} task whose "
+        f"answers average over 128 tokens, {_seeds(res)} paired seeds, equal completion tokens; tokens to the target "
+        f"held-out score, mean held-out score and final score) OTB at N=4 was {'; '.join(clauses + same)}; "
+        f"{collapsed} of the cell's {runs} runs collapsed"
+    )
 
 
 def study_verdict(ctx: Context) -> str:
