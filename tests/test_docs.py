@@ -166,3 +166,54 @@ def test_local_links_in_readme_and_docs_resolve():
             elif anchor and resolved.suffix == ".md" and anchor not in _heading_anchors(resolved):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert checked > 10 and not broken, broken
+
+
+def _study(paired: dict, collapsed: dict | None = None) -> dict:
+    """A training-study summary with one cell: OTB's paired differences (mean, interval) per other arm."""
+    arms = {a: {"runs": 10, "collapse_rate": (collapsed or {}).get(a, 0) / 10} for a in ("otb_N4", *paired)}
+    return {
+        "preregistration": {"cells": {"long": {"task": "ramble", "learning_rate": 1e-3}}},
+        "cells": {
+            "long": {
+                "arms": arms,
+                "paired": {
+                    f"otb_N4-{arm}": {
+                        k: {"mean": m, "ci": ci, "differ": not ci[0] <= 0 <= ci[1], "seeds": 10}
+                        for k, (m, ci) in metrics.items()
+                    }
+                    for arm, metrics in paired.items()
+                },
+            }
+        },
+    }
+
+
+def test_study_verdict_says_better_worse_and_no_different_by_the_paired_intervals(tmp_path):
+    """Fewer tokens to target is better, a higher score is better; an interval that holds 0 is no difference; any
+    collapse gets every arm's count."""
+    import json
+
+    same = {"tokens_to_target": (100.0, (-50.0, 250.0)), "auc": (0.01, (-0.02, 0.04)), "final": (0.0, (-0.1, 0.1))}
+    paired = {
+        "grpo_N4": {**same, "tokens_to_target": (-9000.0, (-15000.0, -2000.0))},  # OTB needed fewer: better
+        "ogb_N4": same,
+        "grpo_N16": {**same, "auc": (-0.05, (-0.09, -0.01)), "final": (-0.1, (-0.2, -0.05))},  # OTB lower: worse
+    }
+    (tmp_path / "training_study.json").write_text(json.dumps(_study(paired, collapsed={"grpo_N16": 2})))
+    ctx = report.Context(results=tmp_path, to_root="")
+    lines = report.study_sentences(ctx)
+    assert lines[0] == (
+        "long (ramble, learning rate 1e-03, 10 paired seeds): OTB at N=4 was better than "
+        f"{report.ARM_LABELS['grpo_N4']} on tokens to target; worse than {report.ARM_LABELS['grpo_N16']} on mean "
+        f"score over the budget and final score; no different from {report.ARM_LABELS['ogb_N4']} on any metric"
+    )
+    assert lines[1].startswith("runs that collapsed in long: ") and f"{report.ARM_LABELS['grpo_N16']} 2/10" in lines[1]
+    readme = report.study_readme_sentence(ctx)
+    assert "10 paired seeds" in readme and "2 of the cell's 40 runs collapsed" in readme
+    assert f"no different from {report.ARM_LABELS['ogb_N4']} on any of them" in readme
+
+    (tmp_path / "training_study.json").write_text(json.dumps(_study({"grpo_N4": same})))
+    assert report.study_sentences(ctx) == [
+        "long (ramble, learning rate 1e-03, 10 paired seeds): OTB at N=4 was no "
+        "different from any other arm on any metric"
+    ]
