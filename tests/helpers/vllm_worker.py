@@ -1,6 +1,6 @@
 """One vLLM training run in a process of its own, for tests/test_vllm.py (run with the vLLM venv's Python).
 
-    python tests/vllm_worker.py SPEC_JSON OUT_JSON
+    python tests/helpers/vllm_worker.py SPEC_JSON OUT_JSON
 
 SPEC_JSON: {"model_dir", "output_dir", "vllm_mode": "colocate"|"server", "server_url", "trainer": "otb"|"grpo",
 "is_mode": one of TRL's vllm_importance_sampling_mode values or "off", "sync": "adapter"|"first_only",
