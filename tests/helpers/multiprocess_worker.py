@@ -1,4 +1,4 @@
-"""One rank of the two-process OTB test (launched by tests/test_multiprocess.py through torchrun).
+"""One rank of the two-process OTB test (launched by tests/integration/test_multiprocess.py through torchrun).
 
 Usage: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 tests/helpers/multiprocess_worker.py MODEL_DIR OUT_DIR
 

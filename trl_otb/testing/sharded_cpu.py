@@ -1,5 +1,5 @@
 """Test-only: run accelerate's FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes (gloo), and what the sharded tests
-(tests/test_sharded.py, tests/helpers/sharded_worker.py, tests/helpers/sharded_launch.py) share: their configuration, a trainer that
+(tests/integration/test_sharded.py, tests/helpers/sharded_worker.py, tests/helpers/sharded_launch.py) share: their configuration, a trainer that
 records every generation batch, and the evidence that the engine sharded the model.
 
 FSDP2: accelerate never turns FSDP on for a CPU run. With ``use_cpu`` it selects ``MULTI_CPU`` and

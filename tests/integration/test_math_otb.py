@@ -27,7 +27,7 @@ from trl_otb.recipes.hub import HubPreflightError, hub_offline, preflight_hub
 from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME, resolve_model
 from trl_otb.testing import RecordingReward, fake_tracker_run, make_args, prompts_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
 
 

@@ -36,7 +36,7 @@ from trl_otb.testing.sharded_cpu import (
     sharded_config,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "tests" / "helpers"
 WORKER = HELPERS / "sharded_worker.py"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None

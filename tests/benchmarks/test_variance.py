@@ -13,7 +13,7 @@ import torch
 
 from trl_otb.testing import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 common = load_script(ROOT / "benchmarks" / "common.py")
 sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
 variance = load_script(ROOT / "benchmarks" / "variance.py")

@@ -30,7 +30,7 @@ import pytest
 
 from trl_otb.testing import free_port, save_tiny_checkpoint, vllm_cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "tests" / "helpers"
 REQUIRED = os.environ.get("TRL_OTB_REQUIRE_VLLM") == "1"  # set by `make test-vllm`: a missing vLLM is a failure
 
