@@ -546,7 +546,9 @@ def test_equal_weights_and_lengths_give_the_group_mean(sizes, L, w, data):
     mask = torch.zeros(B, T)
     mask[:, :L] = 1
     proxy = torch.full((B, T), w, dtype=torch.float64)
-    otb = otb_advantages(rewards, proxy, mask, ids(group_ids))
+    # eps=0: exactly the group mean. The default eps=1e-8 shifts the baseline by up to |mean| * eps / (N w), 2.5e-6
+    # here, beyond atol (test_eps_is_added_to_the_denominator checks eps itself).
+    otb = otb_advantages(rewards, proxy, mask, ids(group_ids), eps=0.0)
     grpo = grpo_advantages(rewards, proxy, mask, ids(group_ids), scale="none")
     # by hand: mean per group
     expected = torch.zeros(B, T, dtype=torch.float64)
