@@ -50,7 +50,7 @@ $(VLLM_STAMP): setup.cfg pyproject.toml
 
 # Runs only the tests marked `vllm`; they fail (not skip) here when vllm does not import.
 test-vllm: $(VLLM_STAMP)
-	TRL_OTB_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py
+	TRL_OTB_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/integration/test_vllm.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess and not vllm" tests

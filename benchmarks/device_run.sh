@@ -13,7 +13,7 @@
 # Usage: bash benchmarks/device_run.sh [--dry-run] [--budget SECONDS] [output folder]
 #   output folder: default $OUT if set, else benchmarks/results
 #   --budget: the whole run's seconds (default 540); parts 1 to 3 get fixed shares, part 4 what is left
-#   --dry-run: on a CPU, tiny shapes and sizes, the same scripts and code paths (tests/test_device_run.py)
+#   --dry-run: on a CPU, tiny shapes and sizes, the same scripts and code paths (tests/benchmarks/test_device_run.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

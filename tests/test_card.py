@@ -1,6 +1,7 @@
 """OTBTrainer's model card (trl_otb/card.py): TRL's card, with its tracker links, tags and citations, plus OTB's part.
 
-The full, LoRA and QLoRA cards of the math example are checked end to end in test_math_example.py.
+The full, LoRA and QLoRA cards of the math example are checked end to end in tests/integration/test_math_otb.py, and
+what trl_otb.recipes.card adds to them in tests/recipes/test_card.py.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_readme_says_what_is_copied_rederived_and_pinned():
         assert re.search(rf"`[\w.]*\b{name}`", section), (
             f"the README does not name {name}, which re-derives a TRL line"
         )
-    assert "compat.REQUIRED" in section and "tests/test_config_and_compat.py" in section
+    assert "compat.REQUIRED" in section and "tests/test_compat.py" in section
 
 
 def _heading_anchors(path: Path) -> set[str]:

@@ -1,5 +1,7 @@
 """OTBTrainer end to end on the tiny random Llama: the advantages it trains on are the ones the
-contract defines, computed from statistics we recompute independently here."""
+contract defines (leave-one-out too), computed from statistics we recompute independently here, and the otb/ metrics it
+logs. Off-policy batches: tests/test_trainer_offpolicy.py; the in-training fidelity check and QLoRA:
+tests/test_trainer_fidelity.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from trl_otb import InfiniteRewardWarning, OTBTrainer, grpo_advantages, otb_advantages
 from trl_otb.config import TOKEN_LEVEL_LOSSES
+from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
 from trl_otb.testing import (
     N,
     RecordingReward,
@@ -259,3 +262,36 @@ def test_extreme_logits_give_a_finite_proxy_and_loss(tiny_model_dir, tmp_path):
     assert torch.isfinite(batch["advantages"]).all()
     logged = trainer._metrics["train"]["otb/proxy_max"]
     assert logged and all(math.isfinite(v) for v in logged)
+
+
+def test_trainer_leave_one_out_equals_contract(tiny_model_dir, tmp_path):
+    reward = RecordingReward()
+    args = make_args(tmp_path, otb_leave_one_out=True)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
+    batch = trainer._generate_and_score_completions(generation_inputs())
+    _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
+    rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
+    mask = batch["completion_mask"]
+    group_ids = torch.arange(len(rewards)) // N
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids, leave_one_out=True)
+    assert torch.allclose(batch["advantages"], expected, atol=1e-5)
+    assert not torch.allclose(expected, otb_advantages(rewards, proxy.float(), mask, group_ids), atol=1e-4)
+    # Where a member is the only active one of its group, its advantage is its reward.
+    active = mask.view(-1, N, mask.size(1)).sum(dim=1).repeat_interleave(N, dim=0)
+    alone = (active == 1) & mask.bool()
+    assert alone.any()
+    assert torch.allclose(batch["advantages"][alone], rewards[:, None].expand_as(mask)[alone])
+
+
+@pytest.mark.parametrize("estimator, has_proxy_keys", [("rloo", False), ("ogb", True)])
+def test_trainer_logs_proxy_keys_only_for_an_estimator_that_uses_the_proxy(
+    tiny_model_dir, tmp_path, estimator, has_proxy_keys
+):
+    args = make_args(tmp_path, advantage_estimator=estimator)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    trainer._generate_and_score_completions(generation_inputs())
+    mode = "train" if trainer.model.training else "eval"
+    logged = {k.removeprefix("otb/") for k, v in trainer._metrics[mode].items() if k.startswith("otb/") and v}
+    assert set(ADVANTAGE_KEYS) <= logged
+    assert (set(PROXY_KEYS) <= logged) == has_proxy_keys
+    assert not (set(PROXY_KEYS) & logged) or has_proxy_keys

@@ -2,7 +2,7 @@
 
 TRL has no advantage hook, so OTBTrainer overrides a few private GRPOTrainer methods and reads a
 few private attributes. If an upgrade changes any of them, training must stop with a clear message
-instead of silently using GRPO's advantages or a wrong proxy. ``tests/test_config_and_compat.py`` runs
+instead of silently using GRPO's advantages or a wrong proxy. ``tests/test_compat.py`` runs
 this check too, so an upgrade fails the test suite loudly. docs/architecture.md lists each internal and its check.
 """
 

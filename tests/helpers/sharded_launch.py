@@ -3,7 +3,7 @@ by the environment, runs a script as __main__, and after OTBTrainer.train() save
 engaged (trl_otb.testing.sharded_cpu.engagement) to $TRL_OTB_TEST_EVIDENCE/engaged{rank}.pt, and the evaluation
 rows each rank scored (examples/math_otb.py gathers them with accelerate's gather_object) to eval_rows{rank}.pt.
 
-Usage: accelerate launch --config_file CONFIG ... tests/sharded_launch.py SCRIPT [SCRIPT ARGS]
+Usage: accelerate launch --config_file CONFIG ... tests/helpers/sharded_launch.py SCRIPT [SCRIPT ARGS]
 """
 
 from __future__ import annotations

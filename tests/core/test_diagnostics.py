@@ -1,4 +1,5 @@
-"""otb_diagnostics against a direct, row-by-row computation of every statistic it documents."""
+"""otb_diagnostics (trl_otb/core/diagnostics.py) against a direct, row-by-row computation of every statistic it
+documents. Which of them the trainer logs: tests/test_trainer.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import math
 import pytest
 import torch
 
-from trl_otb import OTBTrainer, otb_advantages, rloo_advantages
+from trl_otb import otb_advantages, rloo_advantages
 from trl_otb.core import otb_diagnostics
 from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
-from trl_otb.testing import RecordingReward, generation_inputs, make_args, prompts_dataset
 
 
 def reference(rewards, adv, proxy, mask, group_ids):
@@ -77,17 +77,3 @@ def test_without_a_proxy_only_the_advantage_keys_are_reported():
     assert without == {k: with_proxy[k] for k in ADVANTAGE_KEYS}
     empty = otb_diagnostics(rewards, adv, None, torch.zeros_like(mask), group_ids)
     assert empty == dict.fromkeys(ADVANTAGE_KEYS, 0.0)
-
-
-@pytest.mark.parametrize("estimator, has_proxy_keys", [("rloo", False), ("ogb", True)])
-def test_trainer_logs_proxy_keys_only_for_an_estimator_that_uses_the_proxy(
-    tiny_model_dir, tmp_path, estimator, has_proxy_keys
-):
-    args = make_args(tmp_path, advantage_estimator=estimator)
-    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
-    trainer._generate_and_score_completions(generation_inputs())
-    mode = "train" if trainer.model.training else "eval"
-    logged = {k.removeprefix("otb/") for k, v in trainer._metrics[mode].items() if k.startswith("otb/") and v}
-    assert set(ADVANTAGE_KEYS) <= logged
-    assert (set(PROXY_KEYS) <= logged) == has_proxy_keys
-    assert not (set(PROXY_KEYS) & logged) or has_proxy_keys

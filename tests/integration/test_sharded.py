@@ -36,8 +36,9 @@ from trl_otb.testing.sharded_cpu import (
     sharded_config,
 )
 
-WORKER = Path(__file__).parent / "sharded_worker.py"
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = ROOT / "tests" / "helpers"
+WORKER = HELPERS / "sharded_worker.py"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 if os.environ.get("TRL_OTB_REQUIRE_DEEPSPEED") == "1" and not HAS_DEEPSPEED:
     raise ImportError(
@@ -313,7 +314,7 @@ def run_example(engine: str, model_dir: str, out: Path) -> dict:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     command += [str(ROOT / "examples" / "accelerate_configs" / config_file), "--num_processes", "2"]
     command += ["--mixed_precision", "no", "--main_process_port", str(free_port())]
-    command += [str(Path(__file__).parent / "sharded_launch.py"), str(ROOT / "examples" / "math_otb.py")]
+    command += [str(HELPERS / "sharded_launch.py"), str(ROOT / "examples" / "math_otb.py")]
     command += ["--model_name_or_path", model_dir, "--output_dir", str(out / "model"), "--max_steps", "2"]
     command += ["--eval_samples", "4", "--num_train", "16", "--per_device_train_batch_size", "4"]
     command += ["--max_completion_length", "8", "--bf16", "false", "--report_to", "none"]

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from setuptools.config.setupcfg import read_configuration
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("ci_dependencies", ROOT / ".ci" / "dependencies.py")
 dependencies = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dependencies)

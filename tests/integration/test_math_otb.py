@@ -1,33 +1,23 @@
-"""examples/math_otb.py end to end on the tiny model, its recipes, trl_otb.recipes.hub (the Hub pre-flight, the
-offline switch), and the model card with what trl_otb.recipes.card adds (the base model's id and license, results)."""
+"""examples/math_otb.py end to end on the tiny model (full, LoRA, and QLoRA on the embedded SmolLM2), its recipes, and
+the checks that stop it before training. What it is made of: tests/recipes/ (test_hub.py for the Hub pre-flight and the
+offline switch, test_card.py for what trl_otb.recipes.card adds to the model card)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trl_otb import OTBConfig, OTBTrainer
-from trl_otb.recipes import models
-from trl_otb.recipes.card import (
-    CardResults,
-    base_model_description,
-    base_model_hub_id,
-    base_model_license,
-    math_card,
-)
-from trl_otb.recipes.hub import HubPreflightError, hub_offline, preflight_hub
-from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME, resolve_model
-from trl_otb.testing import RecordingReward, fake_tracker_run, make_args, prompts_dataset
+from trl_otb import OTBConfig
+from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME
+from trl_otb.testing import fake_tracker_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
 
 
@@ -193,188 +183,6 @@ def test_push_to_hub_offline_stops_before_loading_anything(math_otb, tmp_path, m
     with pytest.raises(SystemExit, match="HF_HUB_OFFLINE"):
         math_otb.main(*math_otb.parse_args(argv))
     assert not out.exists()
-
-
-# --- trl_otb.recipes.hub.preflight_hub, without network: HfApi.whoami and the token lookup are monkeypatched -------
-
-
-# (environment, offline): huggingface_hub reads HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE when that is unset or empty.
-HUB_SWITCHES = [
-    ({}, False),
-    ({"HF_HUB_OFFLINE": "1"}, True),
-    ({"HF_HUB_OFFLINE": "yes"}, True),
-    ({"HF_HUB_OFFLINE": "True"}, True),
-    ({"HF_HUB_OFFLINE": "on"}, True),
-    ({"HF_HUB_OFFLINE": "0"}, False),
-    ({"HF_HUB_OFFLINE": "false"}, False),
-    ({"TRANSFORMERS_OFFLINE": "1"}, True),
-    ({"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "1"}, True),
-    ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False),
-]
-
-
-def _hub_switches(monkeypatch, env, constant=False):
-    import huggingface_hub
-
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", constant)  # what it read at import
-
-
-@pytest.mark.parametrize(("env", "offline"), HUB_SWITCHES)
-def test_hub_offline_reads_the_environment_now(env, offline, monkeypatch):
-    _hub_switches(monkeypatch, env)
-    assert hub_offline() is offline
-
-
-def test_hub_offline_agrees_with_huggingface_hub_reading_the_same_environment():
-    """huggingface_hub's own parse (at import, in a fresh interpreter per case) gives the same answers."""
-    script = (
-        "import importlib, json, os, sys\n"
-        "import huggingface_hub.constants as c\n"
-        "out = []\n"
-        "for env in json.loads(sys.argv[1]):\n"
-        "    for name in ('HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'):\n"
-        "        os.environ.pop(name, None)\n"
-        "    os.environ.update(env)\n"
-        "    out.append(importlib.reload(c).HF_HUB_OFFLINE)\n"
-        "print(json.dumps(out))\n"
-    )
-    cases = json.dumps([env for env, _ in HUB_SWITCHES])
-    result = subprocess.run([sys.executable, "-c", script, cases], capture_output=True, text=True, check=True)
-    assert json.loads(result.stdout) == [offline for _, offline in HUB_SWITCHES]
-
-
-def test_hub_offline_when_huggingface_hub_was_imported_offline(monkeypatch):
-    _hub_switches(monkeypatch, {"HF_HUB_OFFLINE": "0"}, constant=True)  # every Hub request would be refused
-    assert hub_offline()
-
-
-def test_the_model_loader_and_the_preflight_share_one_offline_switch(monkeypatch):
-    _hub_switches(monkeypatch, {"TRANSFORMERS_OFFLINE": "1"})
-    monkeypatch.setattr(models, "embedded_model_path", lambda: "/cache/embedded")
-    monkeypatch.setattr(models, "hub_cached", lambda repo_id: False)
-    assert resolve_model(EMBEDDED_HUB_ID) == "/cache/embedded"  # offline: the embedded copy
-    with pytest.raises(HubPreflightError, match="TRANSFORMERS_OFFLINE"):
-        preflight_hub("alice/model", token="hf_test")
-    _hub_switches(monkeypatch, {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"})
-    assert resolve_model(EMBEDDED_HUB_ID) == EMBEDDED_HUB_ID  # online: the Hub id passes through
-
-
-@pytest.fixture
-def online_hub(monkeypatch):
-    """The Hub looks online; whoami answers from ``state`` (a dict, or an exception to raise)."""
-    import huggingface_hub
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_test")
-    state = {"answer": {"name": "alice", "orgs": [{"name": "otb-lab"}], "auth": {"accessToken": {"role": "write"}}}}
-
-    def whoami(self, token=None, **kwargs):
-        if isinstance(state["answer"], Exception):
-            raise state["answer"]
-        return state["answer"]
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", whoami)
-    return state
-
-
-def test_preflight_refuses_offline_hub(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubPreflightError, match="Unset HF_HUB_OFFLINE"):
-        preflight_hub("alice/model", token="hf_test")
-
-
-def test_preflight_refuses_missing_token(online_hub, monkeypatch):
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
-    with pytest.raises(HubPreflightError, match="hf auth login"):
-        preflight_hub("alice/model")
-
-
-def test_preflight_refuses_a_namespace_the_user_cannot_write(online_hub):
-    with pytest.raises(HubPreflightError, match="cannot write to someone-else/model") as excinfo:
-        preflight_hub("someone-else/model")
-    assert "--hub_model_id alice/model" in str(excinfo.value)
-
-
-def test_preflight_refuses_a_read_only_token(online_hub):
-    online_hub["answer"]["auth"]["accessToken"]["role"] = "read"
-    with pytest.raises(HubPreflightError, match="read-only"):
-        preflight_hub("alice/model")
-
-
-def test_preflight_reports_an_unreachable_hub(online_hub):
-    online_hub["answer"] = ConnectionError("Name or service not known")
-    with pytest.raises(HubPreflightError, match="could not be reached"):
-        preflight_hub("alice/model")
-
-
-def test_preflight_reports_a_rejected_token(online_hub):
-    from huggingface_hub.errors import HfHubHTTPError
-
-    response = SimpleNamespace(status_code=401, headers={}, request=None)
-    online_hub["answer"] = HfHubHTTPError("401 Unauthorized", response=response)
-    with pytest.raises(HubPreflightError, match="rejected"):
-        preflight_hub("alice/model")
-
-
-def test_preflight_accepts_own_and_org_namespaces(online_hub):
-    assert preflight_hub("alice/model") == "alice/model"
-    assert preflight_hub("otb-lab/model") == "otb-lab/model"
-    assert preflight_hub("model") == "alice/model"  # no namespace: the user's
-
-
-# --- the model card (trl_otb.card, with the base model's id, license and results from trl_otb.recipes.card) -----
-
-
-def test_embedded_model_card_names_the_hub_base_model_and_its_license(tmp_path):
-    (tmp_path / "trl_otb_conversion.json").write_text("{}")  # what the embedded model's directory carries
-    assert base_model_hub_id(None) == base_model_hub_id("embedded") == EMBEDDED_HUB_ID
-    assert base_model_hub_id(tmp_path) == EMBEDDED_HUB_ID
-    assert base_model_hub_id(tmp_path.parent) is None  # some other local directory: unknown
-    assert base_model_hub_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert base_model_license(EMBEDDED_HUB_ID) == "apache-2.0"
-    assert base_model_license("Qwen/Qwen2.5-0.5B-Instruct") is None  # offline: not known
-    described = base_model_description(EMBEDDED_HUB_ID, tmp_path)
-    assert described.startswith(f"[{EMBEDDED_HUB_ID}](https://huggingface.co/{EMBEDDED_HUB_ID})")
-    assert "dequantized from the Q4_1 GGUF" in described
-    assert base_model_description(EMBEDDED_HUB_ID, tmp_path.parent) is None  # the Hub checkpoint itself: its link
-    assert base_model_description("acme/tiny", tmp_path) is None
-
-
-def test_card_of_a_pushed_model_loads_the_hub_repo(tiny_model_dir, tmp_path, check_model_card):
-    args = make_args(tmp_path, otb_leave_one_out=True)
-    trainer = OTBTrainer(tiny_model_dir, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
-    trainer.hub_model_id = "me/qwen-otb"  # what Trainer.init_hf_repo sets when the run pushes
-    results = CardResults(
-        before=0.25,
-        after=0.5,
-        samples=8,
-        dataset_type="openai/gsm8k",
-        dataset_name="openai/gsm8k",
-        dataset_config="main",
-    )
-    card = math_card(
-        trainer,
-        dataset_name="openai/gsm8k",
-        results=results,
-        summary={"steps": 3},
-        base_model="Qwen/Qwen2.5-0.5B-Instruct",
-    )
-    assert card["license"] is None  # offline, the Qwen card cannot be read; a known license is passed on
-    trainer.create_model_card(model_name="qwen-otb", dataset_name="openai/gsm8k", **{**card, "license": "apache-2.0"})
-    parsed = check_model_card(f"{args.output_dir}/README.md", base_model="Qwen/Qwen2.5-0.5B-Instruct", accuracy=0.5)
-    assert parsed.data.datasets == "openai/gsm8k" and parsed.data.license == "apache-2.0"
-    assert 'model="me/qwen-otb"' in parsed.text
-    assert "| leave-one-out | `True` |" in parsed.text and "| after training | 0.500 |" in parsed.text
-    assert "- training steps: 3" in parsed.text
-    before = [r for r in parsed.data.eval_results if "before" in r.metric_name]
-    assert [(r.metric_value, r.dataset_config, r.task_name) for r in before] == [(0.25, "main", "Math reasoning")]
 
 
 @pytest.mark.slow

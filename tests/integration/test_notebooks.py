@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = ("otb_walkthrough.ipynb", "lora_qlora_fidelity.ipynb")
 KERNEL_NAME = "trl-otb-test-python"
 

@@ -1,6 +1,6 @@
-"""One rank of the two-process OTB test (launched by tests/test_multiprocess.py through torchrun).
+"""One rank of the two-process OTB test (launched by tests/integration/test_multiprocess.py through torchrun).
 
-Usage: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 tests/multiprocess_worker.py MODEL_DIR OUT_DIR
+Usage: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 tests/helpers/multiprocess_worker.py MODEL_DIR OUT_DIR
 
 Each rank generates 6 completions (per_device_train_batch_size=2, steps_per_generation=3) for
 groups of 4, so the 12 completions of a generation batch form 3 groups and the middle one is

@@ -1,6 +1,7 @@
-"""One rank of the sharded-engine tests (launched by tests/test_sharded.py through torchrun, 2 processes, gloo).
+"""One rank of the sharded-engine tests (launched by tests/integration/test_sharded.py through torchrun, 2 processes,
+gloo).
 
-Usage: torchrun --nproc_per_node 2 tests/sharded_worker.py ENGINE MODE MODEL_DIR OUT_DIR
+Usage: torchrun --nproc_per_node 2 tests/helpers/sharded_worker.py ENGINE MODE MODEL_DIR OUT_DIR
 
 ENGINE: ``fsdp2`` (accelerate's FSDP2 path on CPU through the test-only switch of trl_otb.testing.sharded_cpu; the
 environment carries what `accelerate launch` would export) or ``zero3`` (DeepSpeed ZeRO-3, DS_ACCELERATOR=cpu).

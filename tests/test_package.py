@@ -1,0 +1,107 @@
+"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside recipes/ and testing/, the
+command-line entry points aside) imports neither the demo's recipes nor the test helpers, and no module of the package
+imports itself back through others (docs/architecture.md, "The layout")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_the_core_imports_torch_only():
+    """trl_otb.core (and the top-level names that come from it) load without TRL, transformers or accelerate."""
+    code = (
+        "import sys, trl_otb, trl_otb.core; "
+        "print(sorted(m for m in ('trl', 'transformers', 'accelerate', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# The library's entry points: they may import the demo (the embedded model) and the plots.
+ENTRY_POINTS = ("trl_otb.cli", "trl_otb.fidelity.cli")
+DEMO_AND_HELPERS = ("trl_otb.recipes", "trl_otb.testing")
+
+LIBRARY_IMPORTS = f"""
+import importlib, sys
+from pathlib import Path
+
+def loaded(*prefixes):
+    return sorted(name for name in sys.modules if name.startswith(prefixes))
+
+import trl_otb, trl_otb.trainer
+print(loaded(*{DEMO_AND_HELPERS}, *{ENTRY_POINTS}, "trl_otb.plotting", "matplotlib"))
+print(loaded("trl_otb.card", "trl_otb.bnb", "trl_otb.fidelity.training"))
+root = Path(trl_otb.__file__).parent
+modules = [".".join(("trl_otb", *path.relative_to(root).with_suffix("").parts)) for path in root.rglob("*.py")]
+library = [
+    name.removesuffix(".__init__") for name in sorted(modules)
+    if not name.startswith({DEMO_AND_HELPERS}) and name not in {ENTRY_POINTS}
+]
+for name in library:
+    importlib.import_module(name)
+print(len(library), loaded(*{DEMO_AND_HELPERS}, "tests"))
+"""
+
+
+def test_the_library_imports_neither_the_demo_nor_the_test_helpers():
+    """Every module of trl_otb outside recipes/ and testing/ (the entry points aside) loads no trl_otb.recipes or
+    trl_otb.testing module, nor anything from tests/; ``trl_otb.trainer`` loads neither the commands nor plotting
+    (matplotlib)."""
+    result = subprocess.run([sys.executable, "-c", LIBRARY_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_trainer, trainers_own, library = result.stdout.splitlines()
+    assert by_trainer == "[]"
+    assert trainers_own == "['trl_otb.bnb', 'trl_otb.card', 'trl_otb.fidelity.training']"  # the import did happen
+    count, demo_or_helpers = library.split(" ", 1)
+    assert int(count) >= 20 and demo_or_helpers == "[]", library
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """trl_otb module -> the trl_otb modules it imports anywhere in its source (function bodies too)."""
+    import ast
+    from pathlib import Path
+
+    import trl_otb
+
+    root = Path(trl_otb.__file__).parent
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = ("trl_otb", *path.relative_to(root).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (path, parts[-1] == "__init__")
+    graph = {}
+    for name, (path, is_package) in names.items():
+        package = name if is_package else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                if not name.startswith(module + "."):  # a parent package is loaded before its modules anyway
+                    found.add(module)
+                found.update(f"{module}.{alias.name}" for alias in node.names)
+        graph[name] = {other for other in found if other in names and other != name}
+    return graph
+
+
+def test_the_package_has_no_import_cycle():
+    graph = _package_imports()
+    assert "trl_otb.recipes.hub" in graph["trl_otb.recipes.models"]  # the scan sees imports (and this one)
+    assert "trl_otb.recipes.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
+    state, cycles = {}, []
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(graph[module]):
+            if state.get(other) == "open":
+                cycles.append([*path[path.index(other) :], other])
+            elif other not in state:
+                visit(other, [*path, other])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
