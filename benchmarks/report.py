@@ -637,6 +637,9 @@ def study_sentences(ctx: Context) -> list[str]:
             out.append(f"{cell}: not run yet")
             continue
         spec = data["preregistration"]["cells"][cell]
+        if _seeds(res) < 2:  # a bootstrap over one seed is a point, not an interval
+            out.append(f"{cell} ({spec['task']}): {_seeds(res)} paired seed so far, too few to compare")
+            continue
         clauses, same = _cell_findings(res)
         text = f"{cell} ({spec['task']}, learning rate {spec['learning_rate']:.0e}, {_seeds(res)} paired seeds): OTB at N=4 was "
         if clauses:
@@ -647,8 +650,8 @@ def study_sentences(ctx: Context) -> list[str]:
             text += "no different from any other arm on any metric"
         out.append(text)
         if any(v["collapse_rate"] > 0 for v in res["arms"].values()):
-            rates = ", ".join(
-                f"{ARM_LABELS[a]} {round(v['collapse_rate'] * v['runs'])}/{v['runs']}" for a, v in res["arms"].items()
+            rates = "; ".join(
+                f"{ARM_LABELS[a]}: {round(v['collapse_rate'] * v['runs'])}/{v['runs']}" for a, v in res["arms"].items()
             )
             out.append(f"runs that collapsed in {cell}: {rates}")
     return out

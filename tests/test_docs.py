@@ -207,7 +207,9 @@ def test_study_verdict_says_better_worse_and_no_different_by_the_paired_interval
         f"{report.ARM_LABELS['grpo_N4']} on tokens to target; worse than {report.ARM_LABELS['grpo_N16']} on mean "
         f"score over the budget and final score; no different from {report.ARM_LABELS['ogb_N4']} on any metric"
     )
-    assert lines[1].startswith("runs that collapsed in long: ") and f"{report.ARM_LABELS['grpo_N16']} 2/10" in lines[1]
+    assert (
+        lines[1].startswith("runs that collapsed in long: ") and f"{report.ARM_LABELS['grpo_N16']}: 2/10" in lines[1]
+    )
     readme = report.study_readme_sentence(ctx)
     assert "10 paired seeds" in readme and "2 of the cell's 40 runs collapsed" in readme
     assert f"no different from {report.ARM_LABELS['ogb_N4']} on any of them" in readme
