@@ -666,13 +666,17 @@ def study_readme_sentence(ctx: Context, cell: str = "long") -> str:
         return "the pre-registered training study has not run yet"
     clauses, same = _cell_findings(res, arms=("grpo_N4", "ogb_N4", "grpo_N16"))
     same = [f"no different from {_and(same)} on any of them"] if same else []
-    runs = sum(v["runs"] for v in res["arms"].values())
-    collapsed = sum(round(v["collapse_rate"] * v["runs"]) for v in res["arms"].values())
+
+    def collapses(arms):
+        return sum(round(v["collapse_rate"] * v["runs"]) for v in arms), sum(v["runs"] for v in arms)
+
+    otb = collapses([res["arms"]["otb_N4"]])
+    others = collapses([v for a, v in res["arms"].items() if a != "otb_N4"])
     return (
         f"in a pre-registered training study (a 2-layer model warm-started on CPU, a {spec['task']} task whose "
         f"answers average over 128 tokens, {_seeds(res)} paired seeds, equal completion tokens; tokens to the target "
         f"held-out score, mean held-out score and final score) OTB at N=4 was {'; '.join(clauses + same)}; "
-        f"{collapsed} of the cell's {runs} runs collapsed"
+        f"{otb[0]} of OTB's {otb[1]} runs collapsed, {others[0]} of the other arms' {others[1]}"
     )
 
 

@@ -211,7 +211,7 @@ def test_study_verdict_says_better_worse_and_no_different_by_the_paired_interval
         lines[1].startswith("runs that collapsed in long: ") and f"{report.ARM_LABELS['grpo_N16']}: 2/10" in lines[1]
     )
     readme = report.study_readme_sentence(ctx)
-    assert "10 paired seeds" in readme and "2 of the cell's 40 runs collapsed" in readme
+    assert "10 paired seeds" in readme and "0 of OTB's 10 runs collapsed, 2 of the other arms' 30" in readme
     assert f"no different from {report.ARM_LABELS['ogb_N4']} on any of them" in readme
 
     (tmp_path / "training_study.json").write_text(json.dumps(_study({"grpo_N4": same})))
