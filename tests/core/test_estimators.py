@@ -27,6 +27,8 @@ from trl_otb import (
 )
 from trl_otb.core import Estimator, register_estimator
 
+from .test_otb import assert_close, ids, t64  # the small tensor helpers of the core tests
+
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=80, derandomize=True)
 LAW_SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
@@ -46,19 +48,6 @@ INPUTS = dict(
     mask=torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 1], [1, 1, 0]]),
     group_ids=torch.tensor([0, 0, 0, 0]),
 )
-
-
-def t64(x):
-    return torch.tensor(x, dtype=torch.float64)
-
-
-def ids(x):
-    return torch.tensor(x, dtype=torch.long)
-
-
-def assert_close(actual, expected, atol=1e-6, rtol=1e-6):
-    expected = torch.as_tensor(expected, dtype=actual.dtype)
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
 
 
 # ----------------------------------------------------------------------------------------------
