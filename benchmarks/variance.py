@@ -3,6 +3,8 @@
     python benchmarks/variance.py            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
     python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024   # long answers, LM head only
     python benchmarks/variance.py --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
+    python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024 --fallbacks \
+        --stem variance_fallbacks_count12    # OTB's tail fallbacks: variance, squared bias and MSE of each candidate
 
 Prompts. Candidates are tried in a fixed order (math: the first 64 generated training prompts; count: one per
 ``--count-targets``) until ``--prompts`` (default 12) of them have pool rewards that vary at each horizon. Each
@@ -55,6 +57,22 @@ rescaled variances says whether they differ at 95%:
 - ``var_scaled``: a^2 var, with a = <E g, g_ref> / ||E g||^2 (over all prompts) the scalar that best matches the
   reference: it puts estimators whose self-including baselines shrink the gradient (by ~(N-1)/N) on an equal
   footing. Estimators: grpo (unscaled), grpo_std, rloo, opo, ogb, otb, otb_loo.
+- ``bias_sq``: ||E g - g_ref||^2, from each prompt's G groups. The plug-in ||g_bar - g_ref||^2 (``bias_sq_plugin``)
+  is inflated by the variance of g_bar, Var(g) / G in expectation; ``bias_sq`` subtracts its unbiased estimate
+  var / (G - 1) (``squared_bias``), so that mse = var G / (G - 1) + bias_sq exactly (checked at every row). How
+  much the plug-in was inflated on the measured cells: ``calibration`` in each JSON, and docs/benchmarks.md. g_ref
+  itself is exact (the pool is the distribution the groups are drawn from): it adds no inflation. The bias's interval is the resamples' spread around
+  the corrected estimate (each resample's corrected value is unbiased for the plug-in of the full sample, its
+  world's truth, so the resamples are shifted by plug-in minus corrected).
+
+``--fallbacks`` measures OTB's tail options instead of the shipped estimators: every tail of ``FALLBACK_TAILS`` (the
+reference ``zero``, the legacy ``none``, the shift-invariant ``group_mean``, ``sequence_baseline``,
+``last_baseline``, ``zero_advantage``), without and with leave-one-out, beside unscaled GRPO, RLOO and OGB; each
+pair (candidate, reference OTB) and (candidate, GRPO) gets paired intervals of the difference in var, bias_sq and
+mse (``paired[...]["metrics"]``). A tail the installed core does not accept yet is computed by this script's
+reference ``otb_fallback_advantages`` (``meta.fallbacks.implementation`` says which); where the core has it, the two
+are compared on the analysed groups (``fallback_checks``). It first calibrates the bias (``calibration``): RLOO's
+must cover 0 and unscaled GRPO's must cover ||g_ref||^2 / N^2, GRPO's exact (1 - 1/N) rescaling.
 """
 
 from __future__ import annotations
@@ -387,6 +405,160 @@ def otb_tail_last_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
     return ((R - B[:, None, :]) * m).reshape(mask.shape)
 
 
+FALLBACK_TAILS = ("zero", "none", "group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
+"""OTB's ``tail`` options compared by --fallbacks: the reference and the legacy rule, then the shift-invariant
+fallbacks (``SHIFT_INVARIANT_TAILS``) for the positions where a group cannot estimate B_t."""
+SHIFT_INVARIANT_TAILS = FALLBACK_TAILS[2:]
+
+
+def otb_fallback_advantages(rewards, proxy, mask, group_ids, *, tail, leave_one_out=False, eps=1e-8):
+    """The shift-invariant fallbacks of OTB, written out here as the benchmark's own reference (fp64, contiguous
+    equal-sized groups): what ``compute_advantages("otb", ..., tail=tail, leave_one_out=...)`` is specified to give
+    for ``tail`` in ``SHIFT_INVARIANT_TAILS``. The core's implementation, where it has these options, is measured
+    and checked against this one (``fallback_estimators``, ``check_fallbacks``).
+
+    Rewards are centred within each group first (R_i - mean of the group's valid members), so A does not move when a
+    constant is added to every reward. Where at least two members are active (under leave-one-out: where another
+    member is active) the baseline is OTB's B_t (B_t^(-i)). Where member i is alone (leave-one-out: no other member
+    active), the fallback:
+    - ``group_mean``: the group's mean reward (0 once centred: A = R_i - mean); leave-one-out: the other members'
+      mean (A = R_i - mean_{j != i} R_j, RLOO's advantage);
+    - ``sequence_baseline``: OGB's b = sum_j R_j W_j / (sum_j W_j + eps), W_j member j's total energy; leave-one-out:
+      over the other members;
+    - ``last_baseline``: the last B_t computed while two or more members were active; leave-one-out: the last
+      B_t^(-i) computed while another member was active;
+    - ``zero_advantage``: A = 0.
+    A group with one valid member (finite reward, non-empty mask) gets A = 0, invalid rows too."""
+    if tail not in SHIFT_INVARIANT_TAILS:
+        raise ValueError(f"tail must be one of {SHIFT_INVARIANT_TAILS}, got {tail!r}")
+    m = _contiguous_groups(mask.double(), group_ids)  # [G, N, T]
+    w = _contiguous_groups(proxy.double(), group_ids) * m
+    R = _contiguous_groups(rewards.double(), group_ids)  # [G, N]
+    valid = (m.sum(2) > 0) & torch.isfinite(R)
+    m = m * valid[..., None]
+    W = torch.cumsum(w, dim=2) * m  # realized energy, 0 off the mask
+    total = (w * valid[..., None]).sum(2)  # [G, N] each member's total energy
+    n_valid = valid.sum(1, keepdim=True).double()  # [G, 1]
+    R = torch.where(valid, R, torch.zeros_like(R))
+    Rc = (R - R.sum(1, keepdim=True) / n_valid.clamp(min=1)) * valid  # centred: sum_i Rc_i = 0
+    active = m.sum(1)  # [G, T] members active at each position
+    num, den = (Rc[..., None] * W).sum(1), W.sum(1)  # [G, T]
+    T = m.shape[2]
+    positions = torch.arange(T)
+
+    def last_where(cond, values):
+        """values at the last position (<= t) where cond held, for every t; 0 where it never did."""
+        last = torch.where(cond, positions, torch.full_like(cond, -1, dtype=torch.long)).cummax(-1).values
+        return torch.where(last >= 0, values.gather(-1, last.clamp(min=0)), torch.zeros_like(values))
+
+    def divide(a, b):
+        return a / torch.where(b == 0, torch.ones_like(b), b)
+
+    if not leave_one_out:
+        B = divide(num, den + eps)[:, None, :].expand_as(m)  # [G, N, T]
+        alone = (active == 1)[:, None, :].expand_as(m)
+        if tail == "group_mean":
+            F = torch.zeros_like(B)
+        elif tail == "sequence_baseline":
+            F = divide((Rc * total).sum(1), total.sum(1) + eps)[:, None, None].expand_as(m)
+        else:  # last_baseline (zero_advantage needs none)
+            F = last_where(active >= 2, divide(num, den + eps))[:, None, :].expand_as(m)
+    else:
+        others = active[:, None, :] - m  # [G, N, T] other members active
+        B = divide(num[:, None, :] - Rc[..., None] * W, den[:, None, :] - W + eps)
+        alone = others == 0
+        if tail == "group_mean":
+            F = (-Rc / (n_valid - 1).clamp(min=1))[..., None].expand_as(m)  # sum_i Rc_i = 0
+        elif tail == "sequence_baseline":
+            num_s = (Rc * total).sum(1, keepdim=True) - Rc * total
+            den_s = total.sum(1, keepdim=True) - total
+            F = divide(num_s, den_s + eps)[..., None].expand_as(m)
+        else:
+            F = last_where((others > 0) & (m > 0), B)
+    A = Rc[..., None] - torch.where(alone, F, B)
+    if tail == "zero_advantage":
+        A = torch.where(alone, torch.zeros_like(A), A)
+    A = A * m * (n_valid >= 2)[..., None]
+    return A.reshape(mask.shape)
+
+
+def core_tails() -> tuple:
+    """The ``tail`` options the installed trl_otb core accepts."""
+    from trl_otb.core.otb import TAILS
+
+    return tuple(TAILS)
+
+
+def fallback_name(tail: str, leave_one_out: bool) -> str:
+    """The grid's estimator names: ``otb`` / ``otb_loo`` for the reference tail (as elsewhere in this script),
+    ``otb_<tail>`` / ``otb_<tail>_loo`` for the others."""
+    base = "otb" if tail == "zero" else f"otb_{tail}"
+    return f"{base}_loo" if leave_one_out else base
+
+
+def fallback_estimators(tails=None) -> tuple[dict, dict]:
+    """(estimators, implementation): OTB with every tail of ``FALLBACK_TAILS``, without and with leave-one-out,
+    then unscaled GRPO, RLOO and OGB. A tail the installed core accepts is measured through ``compute_advantages``
+    (``implementation[name] = "core"``); one it does not yet accept through ``otb_fallback_advantages``
+    (``"benchmarks/variance.py reference"``)."""
+    tails = core_tails() if tails is None else tails
+    estimators, implementation = {}, {}
+    for loo in (False, True):
+        for tail in FALLBACK_TAILS:
+            name = fallback_name(tail, loo)
+            if tail in tails:
+                estimators[name] = ("otb", {"tail": tail, "leave_one_out": loo})
+                implementation[name] = "core"
+            else:
+                estimators[name] = (otb_fallback_advantages, {"tail": tail, "leave_one_out": loo})
+                implementation[name] = "benchmarks/variance.py reference"
+    for name in ("grpo", "rloo", "ogb"):
+        estimators[name] = VARIANCE_ESTIMATORS[name]
+        implementation[name] = "core"
+    return estimators, implementation
+
+
+def fallback_pairs(estimators) -> tuple:
+    """Every candidate against reference OTB and against unscaled GRPO (a minus b, on the same groups)."""
+    return tuple((a, b) for b in ("otb", "grpo") for a in estimators if a != b)
+
+
+def _advantages(spec, rewards, proxy, mask, group_ids):
+    name, options = spec
+    fn = name if callable(name) else (lambda *a, **o: compute_advantages(name, *a, **o))
+    return fn(rewards, proxy, mask, group_ids, **options).double()
+
+
+def check_fallbacks(rewards, proxy, mask, Ns, num_groups, generator) -> dict:
+    """Largest absolute differences on the groups the analysis draws (``generator`` seeded as for it):
+    ``last_baseline_vs_otb_tail_last`` (the grid's ``otb_last_baseline`` against the study variant
+    ``otb_tail_last``: the same rule up to OTB's eps), ``shift_<name>`` (advantages with every reward + 1 minus
+    without; 0 for the shift-invariant tails), and ``core_vs_reference_<name>`` (the core against
+    ``otb_fallback_advantages``, for the new tails the core already accepts)."""
+    grid, implementation = fallback_estimators()
+    M = rewards.numel()
+    out = {}
+
+    def record(key, a, b):
+        out[key] = max(out.get(key, 0.0), float((a - b).abs().max()))
+
+    for N in Ns:
+        groups = draw_groups(M, N, num_groups, generator)
+        flat = groups.flatten()
+        args = (rewards[flat], proxy[flat], mask[flat], torch.arange(num_groups).repeat_interleave(N))
+        shifted = (args[0] + 1, *args[1:])
+        for name, spec in grid.items():
+            if not name.startswith("otb"):
+                continue
+            adv = _advantages(spec, *args)
+            record(f"shift_{name}", _advantages(spec, *shifted), adv)
+            if name == "otb_last_baseline":
+                record("last_baseline_vs_otb_tail_last", adv, otb_tail_last_advantages(*args))
+            if implementation[name] == "core" and spec[1]["tail"] in SHIFT_INVARIANT_TAILS:
+                record(f"core_vs_reference_{name}", adv, otb_fallback_advantages(*args, **spec[1]))
+    return out
+
+
 STUDY_ESTIMATORS = {
     "otb_tail_none": ("otb", {"tail": "none"}),
     "otb_carry": (otb_carry_advantages, {}),
@@ -458,7 +630,8 @@ def draw_groups(M, N, count, generator):
 def analyse_prompt(
     K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,)
 ):
-    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms, for the bootstrap.
+    """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms and the groups' Gram matrix
+    <g_k, g_l>, for the bootstrap.
 
     For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
     the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
@@ -501,6 +674,7 @@ def analyse_prompt(
                 "bar_sq": float(c_bar @ K @ c_bar),
                 "bar_ref": float(c_bar @ K_ref),
                 "ref_sq": ref_sq,
+                "gram": KC @ C.T,  # [G, G] <g_k, g_l>: the squared bias of resampled groups' mean
             }
     return out
 
@@ -559,6 +733,47 @@ def _resampled(A, Mse, const, ip, ig):
     return {"var": var, "mse": mse, "scale": scale, "var_scaled": scale**2 * var}
 
 
+def _bias_arrays(per_prompt, key):
+    """Per prompt, stacked: the groups' Gram matrices Q [P, G, G], ||g||^2 and <g, g_ref> [P, G], ||g_ref||^2 [P];
+    None when the cells carry no Gram matrix (cells made before it was recorded)."""
+    cells = [pp[key] for pp in per_prompt]
+    if not all("gram" in c for c in cells):
+        return None
+    return (
+        torch.stack([c["gram"] for c in cells]).double(),
+        torch.stack([c["sq"] for c in cells]).double(),
+        torch.stack([c["dot_ref"] for c in cells]).double(),
+        torch.tensor([c["ref_sq"] for c in cells], dtype=torch.float64),
+    )
+
+
+def squared_bias(Q, sq, dot_ref, ref_sq, ip, ig):
+    """(bias_sq, plug-in) for every resample: prompts ip [B, P], groups ig [B, P, G]; means over the resampled
+    prompts.
+
+    Per prompt, with g_bar the mean of its G resampled groups, the plug-in ||g_bar - g_ref||^2 estimates
+    ||E g - g_ref||^2 + Var(g) / G: the mean of G draws still varies. The corrected estimate subtracts the unbiased
+    estimate of Var(g) / G, that is (mean_k ||g_k||^2 - ||g_bar||^2) / (G - 1) (the groups are i.i.d. draws from the
+    pool), so its expectation is the squared bias itself, and mse = var * G / (G - 1) + bias_sq exactly, where
+    var = mean_k ||g_k - g_bar||^2 is the variance reported beside it."""
+    boot, P = ip.shape
+    G = sq.shape[1]
+    counts = torch.zeros(boot, P, G, dtype=torch.float64).scatter_add_(
+        2, ig, torch.ones(ig.shape, dtype=torch.float64)
+    )
+    quad = torch.zeros(boot, P, dtype=torch.float64)
+    for p in range(Q.shape[0]):  # ||sum_k g_k||^2 = c^T Q c, prompt by prompt (Q[ip] would be [B, P, G, G])
+        sel = ip == p
+        if sel.any():
+            c = counts[sel]
+            quad[sel] = ((c @ Q[p]) * c).sum(1)
+    bar_sq = quad / G**2
+    mean_sq = sq[ip[..., None], ig].mean(-1)
+    plugin = bar_sq - 2 * dot_ref[ip[..., None], ig].mean(-1) + ref_sq[ip]
+    bias = plugin - (mean_sq - bar_sq) / (G - 1)
+    return bias.mean(-1), plugin.mean(-1)
+
+
 def _ci(x):
     return torch.quantile(x, torch.tensor([0.025, 0.975], dtype=x.dtype)).tolist()
 
@@ -573,18 +788,19 @@ def bootstrap_indices(P, G, boot, generator, over_prompts=True):
     return ip, torch.randint(G, (boot, P, G), generator=generator)
 
 
-def paired_test(a, b):
-    """Rescaled variance of estimator a minus b, resample by resample (the same prompts and groups for both):
-    the difference, its 95% percentile interval, the ratio a / b with its interval, and whether the difference's
-    interval excludes 0."""
+def paired_test(a, b, ratio=True):
+    """Rescaled variance (or another statistic: the first entry is the full sample's, the rest its resamples) of
+    estimator a minus b, resample by resample (the same prompts and groups for both): the difference, its 95%
+    percentile interval, the ratio a / b with its interval (unless ``ratio`` is False: a squared bias near 0 has
+    no useful ratio), and whether the difference's interval excludes 0."""
     d = a - b
     lo, hi = _ci(d[1:])
-    ratio = a / b
+    out = {"diff": float(d[0]), "diff_ci": [lo, hi]}
+    if ratio:
+        r = a / b
+        out.update(ratio=float(r[0]), ratio_ci=_ci(r[1:]))
     return {
-        "diff": float(d[0]),
-        "diff_ci": [lo, hi],
-        "ratio": float(ratio[0]),
-        "ratio_ci": _ci(ratio[1:]),
+        **out,
         "significant": bool(lo > 0 or hi < 0),
         "p_boot": float(min(1.0, 2 * min((d[1:] <= 0).double().mean(), (d[1:] >= 0).double().mean()))),
     }
@@ -610,22 +826,52 @@ def summarise(per_prompt, Ns, boot, generator, estimators=None, pairs=PAIRS):
         draws = {}
         for est in estimators:
             A, Mse, const = _cell_arrays(per_prompt, (N, est))
+            bias_arrays = _bias_arrays(per_prompt, (N, est))
             full_ip, full_ig = torch.arange(P)[None, :], torch.arange(G).expand(1, P, G)
             full = _resampled(A, Mse, const, full_ip, full_ig)
+            if bias_arrays is not None:
+                full["bias_sq"], full["bias_sq_plugin"] = squared_bias(*bias_arrays, full_ip, full_ig)
             row = {"N": N, "estimator": est, "prompts": P, "groups_per_prompt": G}
-            for name in ("var", "mse", "scale", "var_scaled"):
-                row[name] = float(full[name][0])
+            for name in ("var", "mse", "scale", "var_scaled", "bias_sq", "bias_sq_plugin"):
+                if name in full:
+                    row[name] = float(full[name][0])
             for suffix, (ip, ig) in schemes.items():
                 res = _resampled(A, Mse, const, ip, ig)
-                draws[(est, suffix)] = torch.cat([full["var_scaled"], res["var_scaled"]])
-                for name in ("var", "mse", "var_scaled"):
-                    row[f"{name}_ci{suffix}"] = _ci(res[name])
+                if bias_arrays is not None:
+                    # A resample's corrected estimate is unbiased for the resampled world's squared bias, which is
+                    # the full sample's plug-in: shifted by (plug-in - corrected), the resamples spread around the
+                    # corrected estimate as it spreads around the true squared bias (else the interval would keep
+                    # the var / (G - 1) inflation that the correction removed).
+                    res["bias_sq"], _ = squared_bias(*bias_arrays, ip, ig)
+                    res["bias_sq"] -= full["bias_sq_plugin"][0] - full["bias_sq"][0]
+                for name in ("var", "mse", "var_scaled", "bias_sq"):
+                    if name in res:
+                        draws[(est, suffix, name)] = torch.cat([full[name][:1], res[name]])
+                        row[f"{name}_ci{suffix}"] = _ci(res[name])
             row["ref_sq_norm"] = float(const["ref_sq"].mean())
+            if bias_arrays is not None:
+                # mse = var G / (G - 1) + bias_sq, exactly (squared_bias): a check of the algebra, not of the data.
+                row["var_unbiased"] = row["var"] * G / (G - 1)
+                gap = row["mse"] - row["var_unbiased"] - row["bias_sq"]
+                if abs(gap) > 1e-6 * max(abs(row["mse"]), 1e-12):
+                    raise AssertionError(f"N={N}/{est}: mse - var G/(G-1) - bias_sq = {gap:.3g}, not 0")
             table[f"N={N}/{est}"] = row
         for a, b in pairs:
             if a in estimators and b in estimators:
-                test = paired_test(draws[(a, "")], draws[(b, "")])
-                test["groups_only"] = paired_test(draws[(a, "_groups")], draws[(b, "_groups")])
+                test = paired_test(draws[(a, "", "var_scaled")], draws[(b, "", "var_scaled")])
+                test["groups_only"] = paired_test(
+                    draws[(a, "_groups", "var_scaled")], draws[(b, "_groups", "var_scaled")]
+                )
+                if (a, "", "bias_sq") in draws and (b, "", "bias_sq") in draws:
+                    test["metrics"] = {
+                        name: {
+                            **paired_test(draws[(a, "", name)], draws[(b, "", name)], ratio=name != "bias_sq"),
+                            "groups_only": paired_test(
+                                draws[(a, "_groups", name)], draws[(b, "_groups", name)], ratio=name != "bias_sq"
+                            ),
+                        }
+                        for name in ("var", "bias_sq", "mse")
+                    }
                 paired[f"N={N}/{a}-{b}"] = {"N": N, "a": a, "b": b, **test}
     return table, paired
 
@@ -662,6 +908,50 @@ def matching_n(table, Ns, target_est="grpo", at_est="otb", at_n=4, key="var_scal
     if pts and goal >= pts[0][1]:
         return f"<= {pts[0][0]}"
     return f"> {pts[-1][0]}"
+
+
+def calibration(table, Ns) -> list[dict]:
+    """Per N, the two checks the squared bias must pass before it says anything about the other estimators, on the
+    groups-only interval (these prompts' pools are the distribution, g_ref their exact policy gradient):
+    - RLOO is unbiased for g_ref: its interval covers 0;
+    - unscaled GRPO is exactly the (1 - 1/N) rescaling, E g_grpo = (1 - 1/N) g_ref (E[(R_i - mean R) S_i] =
+      (1 - 1/N) Cov(R, S) for i.i.d. members), so its squared bias is ||g_ref||^2 / N^2: its interval covers that,
+      and its scale a = <E g, g_ref> / ||E g||^2 is near N / (N - 1);
+    and how much the plug-in ||g_bar - g_ref||^2 was inflated (by var / (G - 1), ``squared_bias``)."""
+    out = []
+    for N in Ns:
+        rloo, grpo = table.get(f"N={N}/rloo"), table.get(f"N={N}/grpo")
+        if rloo is None or grpo is None or "bias_sq" not in rloo:
+            continue
+        expected = grpo["ref_sq_norm"] / N**2
+        lo, hi = rloo["bias_sq_ci_groups"]
+        glo, ghi = grpo["bias_sq_ci_groups"]
+        out.append(
+            {
+                "N": N,
+                "rloo_bias_sq": rloo["bias_sq"],
+                "rloo_bias_sq_ci_groups": [lo, hi],
+                "rloo_bias_sq_ci": rloo["bias_sq_ci"],
+                "rloo_covers_0": bool(lo <= 0 <= hi),
+                "rloo_bias_sq_plugin": rloo["bias_sq_plugin"],
+                "rloo_mse": rloo["mse"],
+                "grpo_bias_sq": grpo["bias_sq"],
+                "grpo_bias_sq_expected": expected,
+                "grpo_bias_sq_ci_groups": [glo, ghi],
+                "grpo_bias_sq_ci": grpo["bias_sq_ci"],
+                "grpo_covers_expected": bool(glo <= expected <= ghi),
+                "grpo_bias_sq_plugin": grpo["bias_sq_plugin"],
+                "grpo_scale": grpo["scale"],
+                "grpo_scale_expected": N / (N - 1),
+                "ref_sq_norm": grpo["ref_sq_norm"],
+                "plugin_inflation": {
+                    est: table[f"N={N}/{est}"]["bias_sq_plugin"] - table[f"N={N}/{est}"]["bias_sq"]
+                    for est in ("rloo", "grpo", "otb")
+                    if f"N={N}/{est}" in table
+                },
+            }
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -756,6 +1046,8 @@ def study_setup(task: str, num_prompts: int, seed: int):
 
 
 SPACE_LABELS = {"lm_head": "LM head", "lora": "LoRA adapter"}
+PLOTTED = (*VARIANCE_ESTIMATORS, "otb_group_mean", "otb_sequence_baseline", "otb_last_baseline", "otb_zero_advantage")
+"""The estimators the figure draws, where a run measured them."""
 
 
 def plot(results, Ns, horizons, path):
@@ -773,7 +1065,7 @@ def plot(results, Ns, horizons, path):
                 ax.set_title(f"horizon {h}: not measured in this space")
                 ax.axis("off")
                 continue
-            for est in VARIANCE_ESTIMATORS:
+            for est in [e for e in dict.fromkeys(r["estimator"] for r in table.values()) if e in PLOTTED]:
                 y = [table[f"N={N}/{est}"]["var_scaled"] for N in Ns]
                 lo = [table[f"N={N}/{est}"]["var_scaled_ci"][0] for N in Ns]
                 hi = [table[f"N={N}/{est}"]["var_scaled_ci"][1] for N in Ns]
@@ -786,7 +1078,7 @@ def plot(results, Ns, horizons, path):
             ax.set_ylabel(label)
         ax = axes[-1]
         N4 = 4 if 4 in Ns else Ns[0]
-        for est in VARIANCE_ESTIMATORS:
+        for est in PLOTTED:
             ys = [
                 results[space]
                 .get(str(h), {})
@@ -795,6 +1087,8 @@ def plot(results, Ns, horizons, path):
                 .get("var_scaled", float("nan"))
                 for h in horizons
             ]
+            if all(math.isnan(y) for y in ys):
+                continue
             ax.plot(horizons, ys, marker="o", label=est, **(dict(lw=2.5, color="black") if est == "otb" else {}))
         ax.set(xscale="log", xlabel="horizon (max completion tokens)", title=f"N={N4}")
         ax.set_xticks(horizons, [str(h) for h in horizons])
@@ -874,6 +1168,13 @@ def parse_args(argv=None):
         action="store_true",
         help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
         "members (the estimator study of docs/benchmarks_details.md)",
+    )
+    parser.add_argument(
+        "--fallbacks",
+        action="store_true",
+        help="the candidate grid instead of the shipped estimators: OTB with every tail of FALLBACK_TAILS, without "
+        "and with leave-one-out, unscaled GRPO, RLOO and OGB, each with variance, squared bias and MSE, paired "
+        "against reference OTB and GRPO, the calibration of the squared bias (RLOO 0, GRPO ||g_ref||^2 / N^2)",
     )
     parser.add_argument(
         "--decompose-Ns", type=int, nargs="+", default=[4], help="group sizes of the --study split (default 4)"
@@ -1005,14 +1306,22 @@ class Analysis:
     estimators: dict
     pairs: tuple
     decompose: tuple
+    fallbacks: bool = False
+    implementation: dict = field(default_factory=dict)  # --fallbacks: estimator -> "core" or the script's reference
 
     @classmethod
-    def of(cls, study: bool) -> Analysis:
-        return cls(
-            estimators={**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if study else {})},
-            pairs=PAIRS + (STUDY_PAIRS if study else ()),
-            decompose=DECOMPOSED if study else (),
-        )
+    def of(cls, study: bool, fallbacks: bool = False) -> Analysis:
+        if not fallbacks:
+            return cls(
+                estimators={**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if study else {})},
+                pairs=PAIRS + (STUDY_PAIRS if study else ()),
+                decompose=DECOMPOSED if study else (),
+            )
+        grid, implementation = fallback_estimators()
+        estimators = {**grid, **(STUDY_ESTIMATORS if study else {})}
+        pairs = tuple(dict.fromkeys(PAIRS + fallback_pairs(grid) + (STUDY_PAIRS if study else ())))
+        decompose = tuple(e for e in DECOMPOSED if e in estimators) if study else ()
+        return cls(estimators, pairs, decompose, True, implementation)
 
 
 def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, analysis: Analysis, lora_s: dict):
@@ -1022,6 +1331,7 @@ def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, anal
     per_prompt = {space: [] for space in spaces}
     bounds, subset_sizes, mean_len, kept_rows, lora_missing = [], [], [], [], []
     t_head = t_lora = 0.0
+    fallback_checks = {}
     generator = torch.Generator()
     for p in pools.kept[h]:
         comps, rewards = pools.data[p]["records"], pools.rewards[(p, h)]
@@ -1054,6 +1364,10 @@ def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, anal
                     args.decompose_Ns,
                 )
             )  # fmt: skip
+        if analysis.fallbacks:
+            generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)  # the groups analysed above, drawn again
+            for name, value in check_fallbacks(R, proxy, mask, run.Ns, run.num_groups, generator).items():
+                fallback_checks[name] = max(fallback_checks.get(name, 0.0), value)
         t3 = time.perf_counter()
         t_head += (t1 - t0) + (t3 - t2) * ("lm_head" in grams) / max(len(grams), 1)
         t_lora += (t2 - t1) + (t3 - t2) * ("lora" in grams) / max(len(grams), 1)
@@ -1067,6 +1381,7 @@ def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, anal
         "kept_rows": kept_rows,
         "lora_missing": lora_missing,
         "seconds": {"lm_head": t_head, "lora": t_lora},
+        "fallback_checks": fallback_checks,
     }
 
 
@@ -1095,13 +1410,20 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
         "tail_bound_max": max(cells["bounds"], default=0.0) if space == "lm_head" else 0.0,
         "vocab_subset_sizes": cells["subset_sizes"] if space == "lm_head" else [],
         "grpo_N_matching_otb_N4": answer,
-        "grpo_std_N_matching_otb_N4": matching_n(table, run.Ns, "grpo_std") if answer is not None else None,
+        "grpo_std_N_matching_otb_N4": matching_n(table, run.Ns, "grpo_std")
+        if answer is not None and f"N={run.Ns[0]}/grpo_std" in table
+        else None,
         "table": table,
         "paired": paired,
         "decomposition": decomposition,
         "missing": (f"adapter Gram matrices of prompts {lora_missing} (time limit)" if lora_missing else None)
         if space == "lora"
         else None,
+        **(
+            {"calibration": calibration(table, run.Ns), "fallback_checks": cells["fallback_checks"]}
+            if analysis.fallbacks and table
+            else {}
+        ),
     }
 
 
@@ -1192,7 +1514,7 @@ def main(argv=None):
         print(f"pools cached in {run.cache} ({time.perf_counter() - start:.0f} s)")
         return
 
-    analysis = Analysis.of(args.study)
+    analysis = Analysis.of(args.study, args.fallbacks)
     head_weight = model.get_output_embeddings().weight.detach()
     adapter = None
     if "lora" in run.spaces:
@@ -1211,6 +1533,14 @@ def main(argv=None):
             print_summary(space, h, results[space][str(h)], len(cells["per_prompt"][space]))
     out, stem = Path(args.out), output_stem(args)
     meta = run_meta(args, run, pools, lora_s, analysis_s, start)
+    if analysis.fallbacks:
+        meta["fallbacks"] = {
+            "tails": list(FALLBACK_TAILS),
+            "implementation": analysis.implementation,
+            "core_tails": list(core_tails()),
+            "bias": "bias_sq = ||E g - g_ref||^2 per prompt, the plug-in ||g_bar - g_ref||^2 less the unbiased "
+            "Var(g) / G (squared_bias); bias_sq_plugin is the uncorrected one; mse = var G / (G - 1) + bias_sq",
+        }
     write_json(out / f"{stem}.json", {"meta": meta, "results": results})
     plot(results, run.Ns, run.horizons, out / f"{stem}.png")
     print(f"wrote {out / stem}.json and .png ({meta['total_seconds']:.0f} s)")

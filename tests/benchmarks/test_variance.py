@@ -404,3 +404,217 @@ def test_share_bins_partition_every_groups_gradient():
         bins_out = out[("bins", 4, est)]
         assert sum(b["token_share"] for b in bins_out.values()) == pytest.approx(1.0)
         assert all(b["var"] >= 0 for b in bins_out.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --fallbacks: OTB's tail fallbacks, and the squared bias beside the variance
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def hand_pool(M=4, T=6, seed=0):
+    """A small pool: rewards with ties, ragged lengths (one member strictly the longest), a random PSD token Gram."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0], dtype=torch.float64)[:M]
+    lengths = torch.tensor([T, 2, 4, 3])[:M]
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    proxy = (0.1 + torch.rand(M, T, generator=g, dtype=torch.float64)) * mask  # fp64: the estimators compute in it
+    n = int(lengths.sum())
+    X = torch.randn(n, 5, generator=g, dtype=torch.float64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    return rewards, proxy, mask, X @ X.T, offsets, n
+
+
+def every_group(M, N):
+    """All M^N ordered N-tuples of pool members: groups drawn i.i.d. from the pool, each with probability M^-N."""
+    return torch.cartesian_prod(*[torch.arange(M)] * N).reshape(-1, N)
+
+
+@pytest.mark.parametrize("N", [2, 3])
+def test_exact_expectation_rloo_unbiased_grpo_the_one_minus_one_over_n_rescaling(N):
+    """Enumerating every N-tuple gives E g exactly: RLOO's is g_ref, unscaled GRPO's is (1 - 1/N) g_ref, so GRPO's
+    squared bias is ||g_ref||^2 / N^2; OTB's is neither 0 nor a rescaling of g_ref."""
+    rewards, proxy, mask, K, offsets, n = hand_pool()
+    groups = every_group(len(rewards), N)
+    c_ref = variance.reference_coefficients(rewards.double(), mask, offsets, n)
+    ref_sq = float(c_ref @ K @ c_ref)
+    expect = {
+        est: variance.group_coefficients(est, groups, rewards, proxy, mask, offsets, n).mean(0)
+        for est in ("rloo", "grpo", "otb")
+    }
+
+    def bias(c):
+        return float((c - c_ref) @ K @ (c - c_ref))
+
+    assert torch.allclose(expect["rloo"], c_ref, atol=1e-12)
+    assert torch.allclose(expect["grpo"], (1 - 1 / N) * c_ref, atol=1e-12)
+    assert bias(expect["rloo"]) == pytest.approx(0.0, abs=1e-12 * ref_sq)
+    assert bias(expect["grpo"]) == pytest.approx(ref_sq / N**2, rel=1e-10)
+    c = expect["otb"]
+    assert bias(c) > 1e-3 * ref_sq and not torch.allclose(c, float(c @ c_ref) / float(c_ref @ c_ref) * c_ref)
+
+
+def test_squared_bias_estimator_removes_the_plug_in_inflation():
+    """From G i.i.d. groups, the plug-in ||g_bar - g_ref||^2 overshoots the exact squared bias by Var(g) / G on
+    average; squared_bias's corrected estimate averages to the exact value (4000 repetitions of G = 8 groups)."""
+    rewards, proxy, mask, K, offsets, n = hand_pool()
+    N, G, reps = 3, 8, 4000
+    tuples = every_group(len(rewards), N)
+    c_ref = variance.reference_coefficients(rewards.double(), mask, offsets, n)
+    ref_sq = float(c_ref @ K @ c_ref)
+    g = torch.Generator().manual_seed(0)
+    draws = torch.randint(len(tuples), (reps, G), generator=g)
+    for est in ("otb", "grpo", "rloo"):
+        C = variance.group_coefficients(est, tuples, rewards, proxy, mask, offsets, n)
+        mean = C.mean(0)
+        exact_bias = float((mean - c_ref) @ K @ (mean - c_ref))
+        exact_var = float((((C - mean) @ K) * (C - mean)).sum(1).mean())
+        Q_all, dot_all = C @ K @ C.T, C @ K @ c_ref
+        Q = Q_all[draws[:, :, None], draws[:, None, :]]  # each repetition as a "prompt" of G groups
+        sq = torch.diagonal(Q, dim1=1, dim2=2)
+        # squared_bias averages over its prompts: each repetition is one resample (row of ip) of one "prompt"
+        corrected, plugin = [], []
+        for chunk in torch.split(torch.arange(reps), 500):
+            k = len(chunk)
+            b, p = variance.squared_bias(
+                Q[chunk], sq[chunk], dot_all[draws[chunk]], torch.full((k,), ref_sq, dtype=torch.float64),
+                torch.arange(k)[:, None], torch.arange(G).expand(k, 1, G),
+            )  # fmt: skip
+            corrected.append(b)
+            plugin.append(p)
+        corrected, plugin = torch.cat(corrected), torch.cat(plugin)
+        se = float(corrected.std()) / reps**0.5
+        assert float(corrected.mean()) == pytest.approx(exact_bias, abs=4 * se + 1e-12)
+        assert float(plugin.mean()) == pytest.approx(exact_bias + exact_var / G, abs=4 * se + 1e-12)
+        assert float(plugin.mean() - corrected.mean()) > 0.5 * exact_var / G
+
+
+def test_summarise_reports_a_squared_bias_with_mse_equal_to_variance_plus_bias():
+    """On analyse_prompt's cells: bias_sq + var G / (G - 1) = mse exactly, bias_sq_plugin - bias_sq = var / (G - 1),
+    and the squared bias's interval is centred on the corrected estimate (not on the plug-in)."""
+    rewards, proxy, mask, K, offsets, n = hand_pool()
+    g = torch.Generator().manual_seed(3)
+    per_prompt = [
+        variance.analyse_prompt(K, rewards, proxy, mask, [3], 40, g, {e: variance.VARIANCE_ESTIMATORS[e] for e in ("otb", "grpo", "rloo")})
+        for _ in range(3)
+    ]  # fmt: skip
+    table, paired = variance.summarise(per_prompt, [3], 400, g, ["otb", "grpo", "rloo"])
+    for est in ("otb", "grpo", "rloo"):
+        row = table[f"N=3/{est}"]
+        assert row["mse"] == pytest.approx(row["var"] * 40 / 39 + row["bias_sq"], rel=1e-9)
+        assert row["bias_sq_plugin"] - row["bias_sq"] == pytest.approx(row["var"] / 39, rel=1e-9)
+        lo, hi = row["bias_sq_ci_groups"]
+        assert lo < row["bias_sq"] < hi
+    metrics = paired["N=3/otb-grpo"]["metrics"]
+    assert set(metrics) == {"var", "bias_sq", "mse"} and "ratio" not in metrics["bias_sq"]
+    assert metrics["mse"]["diff"] == pytest.approx(table["N=3/otb"]["mse"] - table["N=3/grpo"]["mse"])
+
+
+def fallback_inputs(G=40, N=4, T=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B = G * N
+    rewards = torch.randint(0, 3, (B,), generator=g).double()
+    proxy = 0.1 + torch.rand(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return rewards, proxy, mask, torch.arange(B) // N
+
+
+@pytest.mark.parametrize("tail", variance.SHIFT_INVARIANT_TAILS)
+@pytest.mark.parametrize("loo", [False, True], ids=["self", "loo"])
+def test_fallback_reference_obeys_its_definitions(tail, loo):
+    """The script's reference of the new tails: shift-invariant exactly, OTB (tail="none") wherever the group can
+    estimate B_t, 0 for a group with one valid member, and its own value where a member is alone."""
+    from trl_otb import otb_advantages
+
+    rewards, proxy, mask, gid = fallback_inputs()
+    G, N, T = 40, 4, mask.shape[1]
+    A = variance.otb_fallback_advantages(rewards, proxy, mask, gid, tail=tail, leave_one_out=loo)
+    assert torch.equal(
+        A, variance.otb_fallback_advantages(rewards + 7.25, proxy, mask, gid, tail=tail, leave_one_out=loo)
+    )
+    m = mask.view(G, N, T)
+    active = m.sum(1, keepdim=True).expand_as(m)
+    alone = (active - m.long() == 0) if loo else (active == 1)
+    alone = (alone & m).reshape(-1, T)
+    none = otb_advantages(rewards, proxy, mask, gid, tail="none", leave_one_out=loo).double()
+    assert torch.allclose(A[~alone & mask], none[~alone & mask], atol=1e-6)
+    assert torch.all(A[~mask] == 0) and alone.any()
+    R = rewards.view(G, N)
+    W = (proxy * mask).view(G, N, T).sum(2)
+    for i in torch.nonzero(alone.any(1)).squeeze(1).tolist():
+        grp, j = divmod(i, N)
+        others = [k for k in range(N) if k != j]
+        r, w = R[grp], W[grp]
+        t_alone = alone[i]
+        if tail == "group_mean":
+            b = r[others].mean() if loo else r.mean()
+            assert torch.allclose(A[i, t_alone], (r[j] - b).expand(int(t_alone.sum())))
+        elif tail == "sequence_baseline":
+            keep = others if loo else list(range(N))
+            b = (r[keep] * w[keep]).sum() / w[keep].sum()
+            assert torch.allclose(A[i, t_alone], (r[j] - b).expand(int(t_alone.sum())), atol=1e-7)
+        elif tail == "zero_advantage":
+            assert torch.all(A[i, t_alone] == 0)
+        else:  # last_baseline: constant over the lone stretch, the baseline just before it
+            first = int(torch.nonzero(t_alone)[0])
+            assert first > 0 and torch.allclose(A[i, t_alone], A[i, first - 1].expand(int(t_alone.sum())))
+    # A group with one valid member (the others' rewards NaN) gets 0.
+    lone = rewards.clone()
+    lone[1:N] = float("nan")
+    assert torch.all(variance.otb_fallback_advantages(lone, proxy, mask, gid, tail=tail, leave_one_out=loo)[:N] == 0)
+
+
+def test_last_baseline_is_the_study_variant_otb_tail_last():
+    """The grid's last_baseline (without leave-one-out) is the estimator study's otb_tail_last, up to OTB's eps."""
+    rewards, proxy, mask, gid = fallback_inputs(seed=1)
+    A = variance.otb_fallback_advantages(rewards, proxy, mask, gid, tail="last_baseline")
+    assert torch.allclose(A, variance.otb_tail_last_advantages(rewards, proxy, mask, gid), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("tail", variance.SHIFT_INVARIANT_TAILS)
+@pytest.mark.parametrize("loo", [False, True], ids=["self", "loo"])
+def test_core_fallbacks_match_the_scripts_reference(tail, loo):
+    """Once trl_otb's core accepts a new tail, the core and the script's reference give the same advantages."""
+    if tail not in variance.core_tails():
+        pytest.skip(f"the core does not accept tail={tail!r} yet")
+    from trl_otb import compute_advantages
+
+    rewards, proxy, mask, gid = fallback_inputs(seed=2)
+    core = compute_advantages("otb", rewards, proxy, mask, gid, tail=tail, leave_one_out=loo).double()
+    ref = variance.otb_fallback_advantages(rewards, proxy, mask, gid, tail=tail, leave_one_out=loo)
+    assert torch.allclose(core, ref, atol=1e-6)
+
+
+def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
+    """--quick --fallbacks: every candidate has var, bias_sq and mse with intervals and paired differences to
+    reference OTB and GRPO; RLOO's squared bias covers 0 and GRPO's covers ||g_ref||^2 / N^2 at every N and
+    horizon; the new tails are shift-invariant and last_baseline is otb_tail_last."""
+    threads = torch.get_num_threads()
+    argv = ["variance.py", "--quick", "--fallbacks", "--bootstrap", "300", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--cache", str(tmp_path / "pools")])
+    try:
+        variance.main()
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "variance_quick.json").read_text())
+    grid, _ = variance.fallback_estimators()
+    assert set(data["meta"]["fallbacks"]["implementation"]) == set(grid) and len(grid) == 15
+    for h, res in data["results"]["lm_head"].items():
+        for row in res["table"].values():
+            assert row["mse"] == pytest.approx(row["var_unbiased"] + row["bias_sq"], rel=1e-9)
+            assert row["bias_sq_ci"][0] <= row["bias_sq_ci"][1]
+        for c in res["calibration"]:
+            assert c["rloo_covers_0"], (h, c)
+            assert c["grpo_covers_expected"], (h, c)
+            assert c["plugin_inflation"]["rloo"] > 0
+        for N in data["meta"]["Ns"]:
+            for name in grid:
+                for ref in ("otb", "grpo"):
+                    if name != ref:
+                        assert set(res["paired"][f"N={N}/{name}-{ref}"]["metrics"]) == {"var", "bias_sq", "mse"}
+        checks = res["fallback_checks"]
+        assert checks["last_baseline_vs_otb_tail_last"] < 1e-6
+        for tail in variance.SHIFT_INVARIANT_TAILS:
+            for loo in (False, True):
+                assert checks[f"shift_{variance.fallback_name(tail, loo)}"] < 1e-6
+        assert checks["shift_otb"] > 0.1  # the reference tail is not shift-invariant
