@@ -361,6 +361,137 @@ def variance_legacy(ctx: Context, stem: str) -> str:
     return variance_table(ctx.load(stem)) + f"\n({ctx.link(stem)})"
 
 
+# --- OTB's tail fallbacks: variance, squared bias, MSE (variance.py --fallbacks) ---------------------------------
+
+NEW_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
+
+
+def _tail_of(est: str) -> tuple[str, str]:
+    """(tail, leave-one-out) of a --fallbacks estimator name; ("", "") for the sequence-level ones."""
+    if not est.startswith("otb"):
+        return "", ""
+    loo = est.endswith("_loo")
+    core = est[: -len("_loo")] if loo else est
+    return (core[len("otb_") :] if core != "otb" else "zero"), ("yes" if loo else "no")
+
+
+def _fallback_cell(ctx: Context, spec: str):
+    """(label, data, result) of ``stem:horizon``."""
+    stem, horizon = spec.split(":")
+    data = ctx.load(stem)
+    task = data["meta"]["task"].removeprefix("study-")
+    return f"{task}, {horizon} tokens", data, data["results"]["lm_head"][horizon]
+
+
+def _ci_cell(row: dict, name: str, ci: str = "ci") -> str:
+    lo, hi = row[f"{name}_{ci}"]
+    return f"{num(row[name])} ({num(lo)} to {num(hi)})"
+
+
+def _paired_cell(t: dict) -> str:
+    lo, hi = t["diff_ci"]
+    mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+    return f"{num(t['diff'])} ({num(lo)} to {num(hi)}){mark}"
+
+
+def fallbacks_table(ctx: Context, spec: str, N: str = "4") -> str:
+    """Every candidate of one cell at one N: variance, squared bias and MSE with their 95% intervals, the MSE's paired
+    difference to reference OTB and to unscaled GRPO, and how far the advantages moved when every reward moved by 1."""
+    label, data, res = _fallback_cell(ctx, spec)
+    table, paired, checks = res["table"], res["paired"], res["fallback_checks"]
+    G = data["meta"]["groups_per_prompt"]
+    caption = (
+        f"**{label}, N={N}** ({len(res['prompts_kept'])} prompts, mean completion "
+        f"{res['mean_completion_tokens']:.0f} tokens, {G} groups per prompt; {ctx.link(spec.split(':')[0])}). "
+        "Var, bias² and MSE with 95% intervals over prompts and groups; MSE minus reference OTB's and minus GRPO's "
+        "on the same groups and resamples, **lower** / **higher** where that interval excludes 0; the last column "
+        "is the largest change of any advantage when every reward is raised by 1:"
+    )
+    rows = []
+    for est in _estimators(table):
+        r = table[f"N={N}/{est}"]
+        tail, loo = _tail_of(est)
+        shift = checks.get(f"shift_{est}")
+        rows.append(
+            [
+                est,
+                tail or "(sequence level)",
+                loo or "",
+                _ci_cell(r, "var"),
+                _ci_cell(r, "bias_sq"),
+                _ci_cell(r, "mse"),
+                "" if est == "otb" else _paired_cell(paired[f"N={N}/{est}-otb"]["metrics"]["mse"]),
+                "" if est == "grpo" else _paired_cell(paired[f"N={N}/{est}-grpo"]["metrics"]["mse"]),
+                "" if shift is None else f"{shift:.1g}",
+            ]
+        )
+    header = ["estimator", "tail", "leave-one-out", "var", "bias²", "MSE", "MSE - OTB", "MSE - GRPO", "shift"]
+    return "\n".join([caption, "", *markdown_table(header, ["---"] * 3 + ["---:"] * 6, rows)])
+
+
+def fallbacks_overview(ctx: Context, N: str, *specs: str) -> str:
+    """Per candidate and cell at one N: MSE over reference OTB's (paired 95% interval), **lower** / **higher** where
+    the difference's interval excludes 0."""
+    cells = [_fallback_cell(ctx, spec) for spec in specs]
+    names = _estimators(cells[0][2]["table"])
+
+    def cell(res, est):
+        if est == "otb":
+            return f"1 (MSE {num(res['table'][f'N={N}/otb']['mse'])})"
+        t = res["paired"][f"N={N}/{est}-otb"]["metrics"]["mse"]
+        lo, hi = t["ratio_ci"]
+        mark = (" **lower**" if t["diff"] < 0 else " **higher**") if t["significant"] else ""
+        return f"{t['ratio']:.2f} ({lo:.2f}-{hi:.2f}){mark}"
+
+    rows = [[est, *(cell(res, est) for _, _, res in cells)] for est in names]
+    links = ", ".join(ctx.link(stem) for stem in dict.fromkeys(spec.split(":")[0] for spec in specs))
+    lines = [
+        f"MSE over reference OTB's at N={N}, paired (same groups and resamples), 95% interval over prompts and "
+        f"groups ({links}):",
+        "",
+    ]
+    return "\n".join(
+        lines + markdown_table(["estimator", *(label for label, _, _ in cells)], ["---"] + ["---:"] * len(cells), rows)
+    )
+
+
+def fallbacks_calibration(ctx: Context, *specs: str) -> str:
+    """The squared bias's calibration on every cell and N: RLOO's must cover 0, unscaled GRPO's must cover
+    ||g_ref||^2 / N^2 (intervals over groups, these prompts fixed), and how much the plug-in estimate was inflated."""
+    rows = []
+    for spec in specs:
+        label, data, res = _fallback_cell(ctx, spec)
+        for c in res["calibration"]:
+            lo, hi = c["rloo_bias_sq_ci_groups"]
+            glo, ghi = c["grpo_bias_sq_ci_groups"]
+            ok = c["rloo_covers_0"] and c["grpo_covers_expected"]
+            rows.append(
+                [
+                    label,
+                    str(c["N"]),
+                    f"{num(c['rloo_bias_sq'])} ({num(lo)} to {num(hi)})",
+                    f"{num(c['grpo_bias_sq'])} ({num(glo)} to {num(ghi)})",
+                    num(c["grpo_bias_sq_expected"]),
+                    f"{c['grpo_scale']:.3f} ({c['grpo_scale_expected']:.3f})",
+                    f"{num(c['plugin_inflation']['grpo'])} ({100 * c['plugin_inflation']['grpo'] / c['grpo_bias_sq_expected']:.0f}%)",
+                    num(c["rloo_bias_sq_plugin"]),
+                    "yes" if ok else "**no**",
+                ]
+            )
+    header = [
+        "cell",
+        "N",
+        "RLOO bias² (95% CI)",
+        "GRPO bias² (95% CI)",
+        "exact: ‖g_ref‖²/N²",
+        "GRPO scale a (exact N/(N-1))",
+        "plug-in excess, GRPO (% of exact bias²)",
+        "RLOO's uncorrected plug-in bias²",
+        "calibrated",
+    ]
+    return "\n".join(markdown_table(header, ["---", "---:", *["---:"] * 6, "---"], rows))
+
+
 # --- the verdict ---------------------------------------------------------------------------------------------------
 
 
@@ -705,6 +836,9 @@ BLOCKS = {
     "variance-paired": variance_paired,
     "variance-study": variance_study,
     "variance-legacy": variance_legacy,
+    "fallbacks": fallbacks_table,
+    "fallbacks-overview": fallbacks_overview,
+    "fallbacks-calibration": fallbacks_calibration,
     "efficiency": _from(efficiency_table),
     "study-verdict": study_verdict,
     "study-paired": _from_cell(study_paired_table),

@@ -548,13 +548,11 @@ def check_fallbacks(rewards, proxy, mask, Ns, num_groups, generator) -> dict:
         args = (rewards[flat], proxy[flat], mask[flat], torch.arange(num_groups).repeat_interleave(N))
         shifted = (args[0] + 1, *args[1:])
         for name, spec in grid.items():
-            if not name.startswith("otb"):
-                continue
             adv = _advantages(spec, *args)
             record(f"shift_{name}", _advantages(spec, *shifted), adv)
             if name == "otb_last_baseline":
                 record("last_baseline_vs_otb_tail_last", adv, otb_tail_last_advantages(*args))
-            if implementation[name] == "core" and spec[1]["tail"] in SHIFT_INVARIANT_TAILS:
+            if implementation[name] == "core" and spec[1].get("tail") in SHIFT_INVARIANT_TAILS:
                 record(f"core_vs_reference_{name}", adv, otb_fallback_advantages(*args, **spec[1]))
     return out
 

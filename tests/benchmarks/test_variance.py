@@ -618,3 +618,11 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
             for loo in (False, True):
                 assert checks[f"shift_{variance.fallback_name(tail, loo)}"] < 1e-6
         assert checks["shift_otb"] > 0.1  # the reference tail is not shift-invariant
+    # benchmarks/report.py's blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
+    report = load_script(ROOT / "benchmarks" / "report.py")
+    ctx = report.Context(results=tmp_path)
+    table = report.fallbacks_table(ctx, "variance_quick:24", "4")
+    assert all(f"| {name} |" in table for name in grid)
+    calibration = report.fallbacks_calibration(ctx, "variance_quick:8", "variance_quick:24")
+    assert calibration.count("| yes |") == 2 * len(data["meta"]["Ns"])
+    assert "otb_group_mean" in report.fallbacks_overview(ctx, "4", "variance_quick:8", "variance_quick:24")
