@@ -403,9 +403,9 @@ def fallbacks_table(ctx: Context, spec: str, N: str = "4") -> str:
     caption = (
         f"**{label}, N={N}** ({len(res['prompts_kept'])} prompts, mean completion "
         f"{res['mean_completion_tokens']:.0f} tokens, {G} groups per prompt; {ctx.link(spec.split(':')[0])}). "
-        "Var, bias² and MSE with 95% intervals over prompts and groups; MSE minus reference OTB's and minus GRPO's "
-        "on the same groups and resamples, **lower** / **higher** where that interval excludes 0; the last column "
-        "is the largest change of any advantage when every reward is raised by 1:"
+        "Var, bias² and MSE with 95% intervals over prompts and groups; each minus reference OTB's (and the MSE "
+        "minus GRPO's) on the same groups and resamples, **lower** / **higher** where that interval excludes 0; "
+        "the last column is the largest change of any advantage when every reward is raised by 1:"
     )
     rows = []
     for est in _estimators(table):
@@ -420,13 +420,28 @@ def fallbacks_table(ctx: Context, spec: str, N: str = "4") -> str:
                 _ci_cell(r, "var"),
                 _ci_cell(r, "bias_sq"),
                 _ci_cell(r, "mse"),
-                "" if est == "otb" else _paired_cell(paired[f"N={N}/{est}-otb"]["metrics"]["mse"]),
+                *(
+                    "" if est == "otb" else _paired_cell(paired[f"N={N}/{est}-otb"]["metrics"][name])
+                    for name in ("var", "bias_sq", "mse")
+                ),
                 "" if est == "grpo" else _paired_cell(paired[f"N={N}/{est}-grpo"]["metrics"]["mse"]),
                 "" if shift is None else f"{shift:.1g}",
             ]
         )
-    header = ["estimator", "tail", "leave-one-out", "var", "bias²", "MSE", "MSE - OTB", "MSE - GRPO", "shift"]
-    return "\n".join([caption, "", *markdown_table(header, ["---"] * 3 + ["---:"] * 6, rows)])
+    header = [
+        "estimator",
+        "tail",
+        "leave-one-out",
+        "var",
+        "bias²",
+        "MSE",
+        "var - OTB",
+        "bias² - OTB",
+        "MSE - OTB",
+        "MSE - GRPO",
+        "shift",
+    ]
+    return "\n".join([caption, "", *markdown_table(header, ["---"] * 3 + ["---:"] * 8, rows)])
 
 
 def fallbacks_overview(ctx: Context, N: str, *specs: str) -> str:
