@@ -273,13 +273,13 @@ def test_rloo_hand_computed():
     assert_close(adv, on_tokens([-1.5, 0.0, 1.5, -6.0, 6.0]), atol=1e-12)
 
 
-def test_rloo_excludes_invalid_rows_and_singletons_get_zero_baseline():
+def test_rloo_excludes_invalid_rows_and_singletons_get_zero_advantage():
     # group 0: rows 0, 2 valid (row 1 NaN, row 3 empty) -> b0 = 4, b2 = 1 -> A = [-3, 0, 3, 0]
-    # group 8: row 4 alone -> A = 5
+    # group 8: row 4 alone -> A = 0 (no other member to compare with; TRL's GRPO gives a singleton 0 too)
     rewards = t64([1.0, NAN, 4.0, 7.0, 5.0])
     mask = torch.tensor([[1, 1], [1, 1], [1, 0], [0, 0], [1, 1]])
     adv = rloo_advantages(rewards, torch.ones(5, 2), mask, ids([0, 0, 0, 0, 8]))
-    assert_close(adv.double(), [[-3.0, -3.0], [0, 0], [3.0, 0], [0, 0], [5.0, 5.0]], atol=1e-6)
+    assert_close(adv.double(), [[-3.0, -3.0], [0, 0], [3.0, 0], [0, 0], [0.0, 0.0]], atol=1e-6)
 
 
 @LAW_SETTINGS
@@ -302,11 +302,11 @@ def test_rloo_is_n_over_n_minus_one_times_unscaled_grpo(sizes, data):
 
 def test_opo_is_the_length_weighted_mean_counting_masked_tokens():
     # lengths: row 0 mask [1,0,1] -> 2 (holes do not count), row 1 -> 3, row 2 -> 1; R = [1, 0, 2]
-    # b = (2*1 + 3*0 + 1*2) / 6 = 2/3 -> A = [1/3, -2/3, 4/3];  group 4: row 3 alone -> A = 9
+    # b = (2*1 + 3*0 + 1*2) / 6 = 2/3 -> A = [1/3, -2/3, 4/3];  group 4: row 3 alone -> A = 0
     rewards = t64([1.0, 0.0, 2.0, 9.0])
     mask = torch.tensor([[1, 0, 1], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
     adv = opo_advantages(rewards, torch.ones(4, 3), mask, ids([0, 0, 0, 4]))
-    assert_close(adv.double(), on_tokens([1 / 3, -2 / 3, 4 / 3, 9.0], mask), atol=1e-6)
+    assert_close(adv.double(), on_tokens([1 / 3, -2 / 3, 4 / 3, 0.0], mask), atol=1e-6)
 
 
 def test_opo_excludes_nan_rows():
@@ -319,16 +319,16 @@ def test_opo_excludes_nan_rows():
 
 def test_ogb_is_the_energy_weighted_sequence_mean():
     # W0 = .5 + .5 = 1 (t=2 masked out), W1 = 1 + 2 + .5 = 3.5; R = [1, 0]
-    # b = 1 / 4.5 = 2/9 -> A = [7/9, -2/9];  group 2: row 2 alone -> A = -3
+    # b = 1 / 4.5 = 2/9 -> A = [7/9, -2/9];  group 2: row 2 alone -> A = 0
     rewards = t64([1.0, 0.0, -3.0])
     proxy = t64([[0.5, 0.5, 9.0], [1.0, 2.0, 0.5], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
     adv = ogb_advantages(rewards, proxy, mask, ids([0, 0, 2]))
-    assert_close(adv, on_tokens([7 / 9, -2 / 9, -3.0], mask), atol=1e-7)
+    assert_close(adv, on_tokens([7 / 9, -2 / 9, 0.0], mask), atol=1e-7)
     # is_weights [2, 1, 1] on row 0: W0 = .5*4 + .5 = 2.5 -> b = 2.5/6 = 5/12 -> A = [7/12, -5/12]
     isw = t64([[2.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
     adv = ogb_advantages(rewards, proxy, mask, ids([0, 0, 2]), is_weights=isw)
-    assert_close(adv, on_tokens([7 / 12, -5 / 12, -3.0], mask), atol=1e-7)
+    assert_close(adv, on_tokens([7 / 12, -5 / 12, 0.0], mask), atol=1e-7)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "opo", "ogb"])

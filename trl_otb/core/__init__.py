@@ -21,13 +21,15 @@ from .estimators import (
     register_estimator,
     rloo_advantages,
 )
-from .otb import ALIGNS, TAILS, OTBTerms, otb_advantages, otb_terms
+from .otb import ALIGNS, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, TAILS, OTBTerms, otb_advantages, otb_terms
 from .proxy import compute_dtype, logit_gradient_proxy, sum_pi_squared, uniform_proxy
 
 __all__ = [
     "ALIGNS",
     "ESTIMATORS",
     "GRPO_SCALES",
+    "OFFSET_DEPENDENT_TAILS",
+    "SHIFT_INVARIANT_TAILS",
     "TAILS",
     "Estimator",
     "InfiniteRewardWarning",

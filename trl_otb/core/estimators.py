@@ -11,6 +11,12 @@ one name switches between them:
 A row is *valid* when its reward is finite and its mask is not all 0. Invalid rows are excluded from every baseline
 and get advantage 0 everywhere.
 
+The laws (tests/core/test_laws.py): every estimator is equivariant to permuting rows with their group ids, treats
+each group independently (except ``grpo`` with ``scale="batch"``, by design), and is invariant to a constant added
+to every reward (except OTB's offset-dependent tails ``"zero"`` and ``"none"``, by design); those that divide by no
+std are positively scale-equivariant, ``A(aR) = a A(R)``. Each baseline is a weighted mean of rewards measured from
+the group's minimum (``groups.above_group_min``), so a group whose valid rewards tie gets advantages of exactly 0.
+
 Each estimator declares itself once with :func:`register_estimator`: its name, the keyword options it takes,
 whether it reads ``proxy`` (``uses_proxy``) and whether its advantages can vary within a sequence
 (``token_level``). :data:`ESTIMATORS` maps names to these :class:`Estimator` records, and
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import bad_on_mask, check_inputs, raise_overflow
-from .groups import group_index, group_sum, valid_rows
+from .groups import above_group_min, group_index, group_sum, valid_rows
 from .otb import otb_advantages, token_weights
 from .proxy import compute_dtype
 
@@ -115,17 +121,28 @@ register_estimator(
 
 
 def _sequence_advantages(rewards, baseline, mask, valid, dtype):
-    """Broadcast per-sequence advantages R_i - b_i onto the masked tokens; 0 for invalid rows."""
-    adv = torch.where(valid, rewards.to(dtype) - baseline, torch.zeros_like(baseline))
+    """Broadcast per-sequence advantages R_i - b_i onto the masked tokens; 0 for invalid rows.
+
+    ``rewards`` and ``baseline`` are both measured from the group's minimum reward (``above_group_min``)."""
+    adv = torch.where(valid, rewards - baseline, torch.zeros_like(baseline))
     return adv[:, None] * mask.to(dtype)
 
 
+def _rewards_above_min(rewards, rows, group_ids, dtype):
+    """``R_i - min_g R`` over the ``rows`` of each group (0 elsewhere), with the dense group index and count."""
+    R = torch.where(rows, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
+    gid, G = group_index(group_ids)
+    return above_group_min(R, rows, gid, G), gid, G
+
+
 def _weighted_group_baseline(rewards, weights, group_ids, valid, dtype, eps=0.0):
-    """b_i = sum_j R_j u_j / (sum_j u_j + eps) over the valid members of i's group; 0 for singletons."""
-    R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
+    """b_i = sum_j R_j u_j / (sum_j u_j + eps) over the valid members of i's group; 0 for singletons.
+
+    ``rewards`` are the group-min-shifted ones, so b is the baseline minus the group's minimum reward (and 0 on a
+    singleton gives it advantage 0)."""
     u = torch.where(valid, weights.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
     gid, G = group_index(group_ids)
-    num = group_sum(R * u, gid, G)[gid]
+    num = group_sum(rewards * u, gid, G)[gid]
     den = group_sum(u, gid, G)[gid]
     n_valid = group_sum(valid.to(dtype), gid, G)[gid]
     safe = torch.where(den + eps > 0, den + eps, torch.ones_like(den))
@@ -160,10 +177,10 @@ def grpo_advantages(
     finite = torch.isfinite(rewards)
     R = torch.where(finite, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
     f = finite.to(dtype)
-    gid, G = group_index(group_ids)
+    shifted, gid, G = _rewards_above_min(rewards, finite, group_ids, dtype)  # ties give exactly 0
     count = group_sum(f, gid, G)
-    mean = (group_sum(R, gid, G) / count.clamp(min=1))[gid]
-    adv = (R - mean) * f
+    mean = (group_sum(shifted, gid, G) / count.clamp(min=1))[gid]
+    adv = (shifted - mean) * f
     if scale == "group":
         var = group_sum(adv * adv, gid, G) / (count - 1).clamp(min=1)
         std = torch.sqrt(var)[gid]
@@ -178,40 +195,40 @@ def grpo_advantages(
 
 @register_estimator("rloo", uses_proxy=False, token_level=False)
 def rloo_advantages(rewards, proxy, mask, group_ids) -> torch.Tensor:
-    """Leave-one-out baseline: ``b_i`` = mean of the other valid members' rewards (0 if there are none).
+    """Leave-one-out baseline: ``b_i`` = mean of the other valid members' rewards (a member with none gets advantage 0).
 
     Equals ``N / (N - 1)`` times unscaled GRPO on a group of N valid members. ``proxy`` is unused.
     """
     mask = check_inputs(rewards, proxy, mask, group_ids)
     dtype = compute_dtype(proxy)
     valid = valid_rows(rewards, mask)
-    R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
-    gid, G = group_index(group_ids)
+    R, gid, G = _rewards_above_min(rewards, valid, group_ids, dtype)
     others = group_sum(valid.to(dtype), gid, G)[gid] - valid.to(dtype)
     total = group_sum(R, gid, G)[gid] - R
-    baseline = torch.where(others > 0, total / others.clamp(min=1), torch.zeros_like(total))
-    return _sequence_advantages(rewards, baseline, mask, valid, dtype)
+    baseline = torch.where(others > 0, total / others.clamp(min=1), R)  # no other member: advantage 0
+    return _sequence_advantages(R, baseline, mask, valid, dtype)
 
 
 @register_estimator("opo", uses_proxy=False, token_level=False)
 def opo_advantages(rewards, proxy, mask, group_ids) -> torch.Tensor:
     """Length-weighted baseline ``b = sum_i L_i R_i / sum_i L_i`` (Hao et al. 2025), L_i = masked tokens.
 
-    One value per group; a group with one valid member gets baseline 0. ``proxy`` is unused.
+    One value per group; a group with one valid member gets advantage 0. ``proxy`` is unused.
     """
     mask = check_inputs(rewards, proxy, mask, group_ids)
     dtype = compute_dtype(proxy)
     valid = valid_rows(rewards, mask)
     lengths = mask.sum(dim=1)
-    baseline = _weighted_group_baseline(rewards, lengths, group_ids, valid, dtype)
-    return _sequence_advantages(rewards, baseline, mask, valid, dtype)
+    R, _, _ = _rewards_above_min(rewards, valid, group_ids, dtype)
+    baseline = _weighted_group_baseline(R, lengths, group_ids, valid, dtype)
+    return _sequence_advantages(R, baseline, mask, valid, dtype)
 
 
 @register_estimator("ogb", options=("eps", "is_weights"), uses_proxy=True, token_level=False)
 def ogb_advantages(rewards, proxy, mask, group_ids, *, eps: float = 1e-8, is_weights=None) -> torch.Tensor:
     """Optimal global (sequence-level) baseline ``b = sum_i R_i W_i / (sum_i W_i + eps)``, W_i = sum_t w_t m_t.
 
-    With ``is_weights``, ``w_t <- w_t rho_bar_t^2`` as in OTB. A group with one valid member gets baseline 0.
+    With ``is_weights``, ``w_t <- w_t rho_bar_t^2`` as in OTB. A group with one valid member gets advantage 0.
     """
     mask = check_inputs(rewards, proxy, mask, group_ids, is_weights)
     dtype = compute_dtype(proxy)
@@ -219,5 +236,6 @@ def ogb_advantages(rewards, proxy, mask, group_ids, *, eps: float = 1e-8, is_wei
     w = token_weights(proxy, mask, is_weights, dtype)
     if is_weights is not None and bad_on_mask(w, mask):
         raise_overflow()
-    baseline = _weighted_group_baseline(rewards, w.sum(dim=1), group_ids, valid, dtype, eps=eps)
-    return _sequence_advantages(rewards, baseline, mask, valid, dtype)
+    R, _, _ = _rewards_above_min(rewards, valid, group_ids, dtype)
+    baseline = _weighted_group_baseline(R, w.sum(dim=1), group_ids, valid, dtype, eps=eps)
+    return _sequence_advantages(R, baseline, mask, valid, dtype)

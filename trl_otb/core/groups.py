@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_index", "group_max", "group_sum", "left_compact", "scatter_back", "valid_rows"]
+__all__ = ["above_group_min", "group_index", "group_max", "group_sum", "left_compact", "scatter_back", "valid_rows"]
 
 
 def valid_rows(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -36,6 +36,20 @@ def group_max(values: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch
     """Max of ``values`` [B] per group, and at least 0: [G]."""
     out = values.new_zeros(num_groups)
     return out.scatter_reduce_(0, gid, values, reduce="amax", include_self=True)
+
+
+def above_group_min(values: torch.Tensor, rows: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``values [B]`` minus the minimum over the ``rows [B]`` (bool) of its group; 0 outside ``rows``.
+
+    Every baseline that is a weighted mean of its group's rewards is formed on these differences: they are exactly
+    0 when a group's rewards tie (a mean of equal floats need not equal them), and carry no common offset into the
+    rounding, so adding a constant to every reward changes nothing beyond the rounding of the subtraction itself.
+    """
+    top = torch.finfo(values.dtype).max
+    low = values.new_full((num_groups,), top).scatter_reduce_(
+        0, gid, torch.where(rows, values, torch.full_like(values, top)), reduce="amin", include_self=True
+    )
+    return torch.where(rows, values - low[gid], torch.zeros_like(values))
 
 
 def left_compact(x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,23 @@ Shapes: ``rewards [B]`` (NaN = unscorable), ``proxy [B, T]`` w_t (see :mod:`trl_
 ``group_ids [B]``, optional ``is_weights [B, T]`` or ``[B, 1]``; the result is ``[B, T]``. A row is *valid* when
 its reward is finite and its mask is not all 0; invalid rows leave their group and get advantage 0.
 
+Where a group cannot estimate B_t (a position where one member alone is active: a member's tail past every other
+member's end, a whole group of one valid member, or under leave-one-out a position where no other member is
+active), ``tail`` chooses the baseline:
+
+- offset-dependent, kept bit for bit: ``"zero"`` (the reference, verl's rule: B_t = 0, so A = R there, whatever the
+  reward's zero means; also a group of one valid member and leave-one-out's lone positions get B = 0) and ``"none"``
+  (the tail keeps the computed B_t ~ R_i, so A ~ 0; a group of one valid member and leave-one-out still get B = 0);
+- shift-invariant (:data:`SHIFT_INVARIANT_TAILS`): the rewards are first centred in their group,
+  ``R~_i = (R_i - min_g R) - mean_g(R - min_g R)`` (exact zeros when a group's rewards tie), the baseline is formed
+  from R~, and a lone position gets ``"group_mean"`` (B~ = 0: the group's mean reward; under leave-one-out the
+  other members' mean), ``"sequence_baseline"`` (OGB's sequence-level b~ = sum_j R~_j W_j / (sum_j W_j + eps) with
+  W_j the member's total energy; under leave-one-out over the others), ``"last_baseline"`` (the last B~ formed while
+  another member was active; A = 0 if there was none) or ``"zero_advantage"`` (A = 0). A group of one valid member
+  gets A = 0 in each. Then A(R + c) = A(R), A(aR) = a A(R) for a > 0, up to rounding, and a tie gives A = 0 exactly.
+
 The specification is :func:`trl_otb.core.spec.reference_otb`: the same contract as plain loops over groups and
-positions, the rules (singleton groups, the tail rule, leave-one-out) written out one by one. This module computes
+positions, the rules (singleton groups, the tail rule, leave-one-out, the fallbacks) written out one by one. This module computes
 it on whole tensors, one group reduction per sum, and is tested against that specification on random inputs.
 
 One computation, two outputs: :func:`otb_terms` returns the advantages with the baseline and energy they came
@@ -25,12 +40,27 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_inputs, check_reward_range, raise_overflow
-from .groups import group_index, group_max, group_sum, left_compact, scatter_back, valid_rows
+from .groups import above_group_min, group_index, group_max, group_sum, left_compact, scatter_back, valid_rows
 from .proxy import compute_dtype
 
-__all__ = ["ALIGNS", "TAILS", "OTBTerms", "otb_advantages", "otb_terms", "token_weights"]
+__all__ = [
+    "ALIGNS",
+    "OFFSET_DEPENDENT_TAILS",
+    "SHIFT_INVARIANT_TAILS",
+    "TAILS",
+    "OTBTerms",
+    "otb_advantages",
+    "otb_terms",
+    "token_weights",
+]
 
-TAILS = ("zero", "none")
+OFFSET_DEPENDENT_TAILS = ("zero", "none")
+"""The reference rule (``"zero"``, verl's) and the tail rule off (``"none"``), both kept bit for bit: a forced
+baseline of 0 makes A = R at those positions, so adding a constant to every reward changes the advantages there."""
+SHIFT_INVARIANT_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
+"""Fallbacks that are themselves shift-equivariant: with them OTB's advantages do not move when a constant is added
+to every reward (see this module's docstring)."""
+TAILS = OFFSET_DEPENDENT_TAILS + SHIFT_INVARIANT_TAILS
 ALIGNS = ("position", "valid")
 
 
@@ -68,19 +98,24 @@ def otb_advantages(
         mask: ``[B, T]``; rows that are all 0 are excluded.
         group_ids: ``[B]`` integer ids, in any order.
         eps: added to the baseline's denominator.
-        tail: ``"zero"``: when one valid member is strictly the longest of its group, its baseline
-            is 0 past the second-longest length (lengths count masked tokens), where it would
-            otherwise equal its own reward. ``"none"``: keep the baseline as computed.
+        tail: the baseline where a group cannot estimate one (one member alone at a position). ``"zero"`` (the
+            reference): when one valid member is strictly the longest of its group, its baseline is 0 past the
+            second-longest length (lengths count masked tokens), where it would otherwise equal its own reward.
+            ``"none"``: keep the baseline as computed. Both are offset-dependent (A = R where B is forced to 0).
+            ``"group_mean"``, ``"sequence_baseline"``, ``"last_baseline"``, ``"zero_advantage"``: shift-invariant
+            fallbacks on group-centred rewards (this module's docstring); a group with one valid member gets
+            advantage 0.
         is_weights: ``[B, T]`` or ``[B, 1]`` clipped importance ratios rho_bar; then
             w_t <- w_t rho_bar_t^2 (off-policy OTB).
         align: ``"position"`` compares members at the same completion index; ``"valid"`` at their
             k-th masked-in token, so tool-output holes do not misalign turns.
         leave_one_out: member i's baseline uses the other members only,
             ``B_t^(-i) = sum_{j!=i} R_j W_t^(j) m_t^(j) / (sum_{j!=i} W_t^(j) m_t^(j) + eps)``;
-            where no other member is active at t, the baseline is 0 (advantage R_i). ``tail`` has
-            no effect then: a member alone past the others already gets baseline 0.
+            where no other member is active at t, the baseline is 0 (advantage R_i) with ``"zero"`` or ``"none"``
+            (which then act alike), and the ``tail`` fallback (over the other members) with the others.
 
-    A group with exactly one valid member gets baseline 0 (advantage R_i on its tokens).
+    With ``"zero"`` or ``"none"`` a group with exactly one valid member gets baseline 0 (advantage R_i on its
+    tokens); with the shift-invariant tails it gets advantage 0.
 
     Returns:
         ``[B, T]`` advantages in fp32 (fp64 when ``proxy`` is fp64), finite for finite inputs.
@@ -98,7 +133,7 @@ def otb_terms(
     baseline = _baseline(p, eps, tail, leave_one_out)
     return OTBTerms(
         advantages=p.unalign((p.rewards[:, None] - baseline) * p.mask),
-        baseline=p.unalign(baseline * p.mask),
+        baseline=p.unalign((baseline + p.center[:, None]) * p.mask),
         energy=p.unalign(p.energy),
     )
 
@@ -107,7 +142,8 @@ def otb_terms(
 class _Prepared:
     """One OTB call's validated inputs in the compute dtype, in aligned positions (compacted for align="valid")."""
 
-    rewards: torch.Tensor  # [B] R_i, 0 on invalid rows
+    rewards: torch.Tensor  # [B] R_i (group-centred R~_i with a shift-invariant tail), 0 on invalid rows
+    center: torch.Tensor  # [B] what was subtracted from R_i (0 unless the tail is shift-invariant)
     valid: torch.Tensor  # [B] bool
     lengths: torch.Tensor  # [B] masked-in tokens, 0 on invalid rows
     mask: torch.Tensor  # [B, T] float m_t, 0 on invalid rows
@@ -148,7 +184,22 @@ def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -
     energy.mul_(mf)
     R = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=proxy.device))
     gid, G = group_index(group_ids)
-    return _Prepared(R, valid, mf.sum(dim=1), mf, energy, index, gid, G)
+    center = torch.zeros_like(R)
+    if tail in SHIFT_INVARIANT_TAILS:
+        R, center = _centre(R, valid, gid, G)
+    return _Prepared(R, center, valid, mf.sum(dim=1), mf, energy, index, gid, G)
+
+
+def _centre(R: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``R~ = (R - min_g R) - mean_g(R - min_g R)`` over each group's valid rows, and ``R - R~``; 0 on invalid rows.
+
+    Subtracting a member's own value first makes a tie exactly 0 (a plain mean of equal floats need not equal
+    them), and the centred rewards no longer carry the reward's offset into any later rounding."""
+    d = above_group_min(R, valid, gid, G)
+    n_valid = group_sum(valid.to(R.dtype), gid, G)
+    mean = group_sum(d, gid, G) / n_valid.clamp(min=1)
+    centred = torch.where(valid, d - mean[gid], torch.zeros_like(R))
+    return centred, torch.where(valid, R - centred, torch.zeros_like(R))
 
 
 def token_weights(proxy, m, is_weights, dtype) -> torch.Tensor:
@@ -171,7 +222,9 @@ def _safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def _baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
-    """B_t per row, ``[B, T]`` aligned (not yet masked)."""
+    """B_t per row, ``[B, T]`` aligned (not yet masked); in centred coordinates with a shift-invariant tail."""
+    if tail in SHIFT_INVARIANT_TAILS:
+        return _fallback_baseline(p, eps, tail, leave_one_out)
     if leave_one_out:
         return _leave_one_out_baseline(p, eps)
     baseline = _group_baseline(p, eps)
@@ -216,3 +269,53 @@ def _leave_one_out_baseline(p: _Prepared, eps: float) -> torch.Tensor:
     den = group_sum(energy, gid, G)[gid] - energy
     others = group_sum(p.mask, gid, G)[gid] - p.mask
     return torch.where(others > 0, _safe_divide(num, den + eps), torch.zeros_like(num)).to(p.energy.dtype)
+
+
+def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
+    """B~_t on centred rewards, with the ``tail`` fallback wherever no other member is active (``[B, T]``).
+
+    ``others`` counts, at each aligned position of row i, the group's other active members: the pooled baseline
+    needs one (then two members share the position), leave-one-out's needs one too (its sums exclude row i)."""
+    gid, G = p.gid, p.num_groups
+    R, energy = p.rewards, p.energy
+    if leave_one_out:  # fp64 sums, so that removing a member's own share does not cancel catastrophically
+        weighted, energy = (R[:, None] * energy).double(), energy.double()
+        num = group_sum(weighted, gid, G)[gid] - weighted
+        den = group_sum(energy, gid, G)[gid] - energy
+    else:
+        num = group_sum(energy * R[:, None], gid, G)[gid]
+        den = group_sum(energy, gid, G)[gid]
+    others = group_sum(p.mask, gid, G)[gid] - p.mask
+    shared = others > 0
+    baseline = _safe_divide(num, den + eps).to(R.dtype)
+    if tail == "zero_advantage":
+        lone = R[:, None].expand_as(baseline)
+    elif tail == "group_mean":
+        lone = torch.zeros_like(baseline)
+        if leave_one_out:  # the other valid members' mean; a group of one valid member has none (R~ = 0 there)
+            n_others = group_sum(p.valid.to(R.dtype), gid, G)[gid] - p.valid.to(R.dtype)
+            rest = group_sum(R, gid, G)[gid] - R
+            lone = (rest / n_others.clamp(min=1))[:, None].expand_as(baseline)
+    elif tail == "sequence_baseline":
+        total = _total_energy(p).to(energy.dtype)
+        seq_num = group_sum(total * R.to(total.dtype), gid, G)[gid]
+        seq_den = group_sum(total, gid, G)[gid]
+        if leave_one_out:
+            seq_num, seq_den = seq_num - total * R.to(total.dtype), seq_den - total
+        lone = _safe_divide(seq_num, seq_den + eps).to(R.dtype)[:, None].expand_as(baseline)
+    else:  # last_baseline: the baseline at the row's last position shared with another member; A = 0 before any
+        positions = torch.arange(baseline.shape[1], device=baseline.device)
+        own_shared = shared & (p.mask > 0)
+        last = torch.where(own_shared, positions, torch.full_like(positions, -1)).cummax(dim=1).values
+        carried = baseline.gather(1, last.clamp(min=0))
+        lone = torch.where(last >= 0, carried, R[:, None].expand_as(baseline))
+    return torch.where(shared, baseline, lone)
+
+
+def _total_energy(p: _Prepared) -> torch.Tensor:
+    """``[B]`` W_i = sum_t w_t m_t: the cumulative energy at each row's last masked-in position (0 for none)."""
+    if p.energy.shape[1] == 0:
+        return p.energy.new_zeros(p.energy.shape[0])
+    positions = torch.arange(p.energy.shape[1], device=p.energy.device)
+    last = torch.where(p.mask > 0, positions, torch.zeros_like(positions)).amax(dim=1)
+    return p.energy.gather(1, last[:, None]).squeeze(1)

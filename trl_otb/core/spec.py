@@ -12,10 +12,24 @@ For a group of completions i of one prompt, at an aligned position c (the absolu
     B_c     = sum_{j active at c} R_j W_c^(j) / (sum_{j active at c} W_c^(j) + eps)
     A^(i)   = R_i - B_c   at member i's token of coordinate c, 0 elsewhere
 
-with three rules that set B to 0 instead: a group with one valid member; ``tail="zero"``, for the one member that is
-strictly the longest, from the second-longest length on; ``leave_one_out=True``, where no other member is active
-(B then sums over the other active members only). A row is valid when its reward is finite and its mask is not all 0;
-an invalid row gets advantage 0 and leaves its group.
+With ``tail="zero"`` or ``"none"`` (offset-dependent), three rules set B to 0 instead: a group with one valid
+member; ``tail="zero"``, for the one member that is strictly the longest, from the second-longest length on;
+``leave_one_out=True``, where no other member is active (B then sums over the other active members only).
+
+With a shift-invariant tail (``group_mean``, ``sequence_baseline``, ``last_baseline``, ``zero_advantage``), each
+group's rewards are centred first, ``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
+replaces R everywhere above. Where member i is alone at c (no other member active: the pooled sum would hold i alone,
+the leave-one-out sum nothing), its baseline is the fallback:
+
+- ``group_mean``: 0 (the group mean of R~); with leave-one-out, the mean of the other valid members' R~;
+- ``sequence_baseline``: ``sum_j R~_j W^(j) / (sum_j W^(j) + eps)`` over the valid members (the others, with
+  leave-one-out), W^(j) the member's total energy: OGB's sequence-level baseline;
+- ``last_baseline``: the baseline at member i's last earlier coordinate where another member was active; R~_i (so
+  A = 0) if there is none;
+- ``zero_advantage``: R~_i, so A = 0.
+
+A row is valid when its reward is finite and its mask is not all 0; an invalid row gets advantage 0 and leaves its
+group. A ratio whose denominator is 0 is 0 (then no member carries energy, and its numerator is 0 too).
 """
 
 from __future__ import annotations
@@ -39,8 +53,9 @@ def reference_otb(
     """OTB advantages by loops. Arguments as :func:`trl_otb.otb_advantages`, as nested Python lists (``rewards`` [B],
     ``proxy`` and ``mask`` [B][T], ``group_ids`` [B], ``is_weights`` [B][T] or [B][1] or None).
 
-    Returns ``(advantages, forced)``, both [B][T] lists: ``forced[i][t]`` is True where a rule set the baseline to 0
-    (a group of one valid member, the tail rule, no other active member for leave-one-out)."""
+    Returns ``(advantages, forced)``, both [B][T] lists: ``forced[i][t]`` is True where a rule replaced the estimated
+    baseline (with ``zero``/``none``: set it to 0, for a group of one valid member, the tail rule, no other active
+    member for leave-one-out; with a shift-invariant tail: the fallback, wherever member i is alone)."""
     B = len(rewards)
     T = len(mask[0]) if B else 0
     valid = [math.isfinite(rewards[i]) and any(mask[i]) for i in range(B)]
@@ -58,6 +73,9 @@ def reference_otb(
         energy.append(W)
     adv = [[0.0] * T for _ in range(B)]
     forced = [[False] * T for _ in range(B)]
+    if tail in ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage"):
+        _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, adv, forced)
+        return adv, forced
     for g in set(group_ids):
         members = [i for i in range(B) if group_ids[i] == g and valid[i]]
         lengths = {i: len(pos[i]) for i in members}
@@ -83,3 +101,41 @@ def reference_otb(
                 adv[i][pos[i][c]] = rewards[i] - b
                 forced[i][pos[i][c]] = zero
     return adv, forced
+
+
+def _ratio(num, den):
+    return num / den if den != 0 else 0.0
+
+
+def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, adv, forced):
+    """The shift-invariant tails (module docstring), writing into ``adv`` and ``forced``."""
+    for g in set(group_ids):
+        members = [i for i in range(len(rewards)) if group_ids[i] == g and valid[i]]
+        if not members:
+            continue
+        low = min(rewards[i] for i in members)
+        shifted = {i: rewards[i] - low for i in members}
+        mean = sum(shifted.values()) / len(members)
+        R = {i: shifted[i] - mean for i in members}
+        total = {i: energy[i][max(energy[i])] for i in members}  # W^(i) at its last coordinate
+        for i in members:
+            last = None  # member i's baseline at its last coordinate shared with another member
+            for c in sorted(pos[i]):
+                active = [j for j in members if c in pos[j]]
+                pool = [j for j in active if j != i] if leave_one_out else active
+                alone = len(active) == 1
+                if not alone:
+                    b = _ratio(sum(R[j] * energy[j][c] for j in pool), sum(energy[j][c] for j in pool) + eps)
+                    last = b
+                elif tail == "group_mean":
+                    others = [j for j in members if j != i]
+                    b = sum(R[j] for j in others) / len(others) if leave_one_out and others else 0.0
+                elif tail == "sequence_baseline":
+                    pool = [j for j in members if j != i] if leave_one_out else members
+                    b = _ratio(sum(R[j] * total[j] for j in pool), sum(total[j] for j in pool) + eps)
+                elif tail == "last_baseline":
+                    b = R[i] if last is None else last
+                else:  # zero_advantage
+                    b = R[i]
+                adv[i][pos[i][c]] = R[i] - b
+                forced[i][pos[i][c]] = alone
