@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_otb import InfiniteRewardWarning, OTBTrainer, grpo_advantages, otb_advantages
+from trl_otb import InfiniteRewardWarning, NonFiniteGradientWarning, OTBTrainer, grpo_advantages, otb_advantages
+from trl_otb.core import SHIFT_INVARIANT_TAILS
 from trl_otb.config import TOKEN_LEVEL_LOSSES
 from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
 from trl_otb.testing import (
@@ -295,3 +296,71 @@ def test_trainer_logs_proxy_keys_only_for_an_estimator_that_uses_the_proxy(
     assert set(ADVANTAGE_KEYS) <= logged
     assert (set(PROXY_KEYS) <= logged) == has_proxy_keys
     assert not (set(PROXY_KEYS) & logged) or has_proxy_keys
+
+
+def constant_reward(completions, **kwargs):
+    """0.7 for every completion: every group ties, so the batch carries no signal."""
+    return [0.7] * len(completions)
+
+
+@pytest.mark.parametrize(
+    "estimator,options",
+    [
+        ("grpo", {}),
+        ("rloo", {}),
+        ("ogb", {}),
+        *[("otb", {"otb_tail": tail}) for tail in SHIFT_INVARIANT_TAILS],
+        ("otb", {"otb_tail": "group_mean", "otb_leave_one_out": True}),
+    ],
+)
+def test_tied_rewards_move_no_parameter(tiny_model_dir, tmp_path, estimator, options):
+    """A batch whose groups all tie gets advantages of exactly 0, so Adam (lr 1e-3) moves no parameter at all.
+
+    The control, the same trainer with rewards that vary, must move them first (the precondition)."""
+    control = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=make_args(tmp_path / "control", advantage_estimator=estimator, learning_rate=1e-3, **options),
+        train_dataset=prompts_dataset(),
+    )
+    before = {n: p.detach().clone() for n, p in control.model.named_parameters()}
+    control.train()
+    assert any(not torch.equal(before[n], p) for n, p in control.model.named_parameters()), "control did not move"
+
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=constant_reward,
+        args=make_args(tmp_path / "tied", advantage_estimator=estimator, learning_rate=1e-3, **options),
+        train_dataset=prompts_dataset(),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["otb/advantage_abs_max"] == 0.0
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
+    assert not moved, f"tied rewards moved {moved}"
+
+
+def huge_reward(completions, **kwargs):
+    """1e30 or 0: finite rewards whose advantages overflow the fp32 gradient's norm."""
+    return [1e30 * (i % 2) for i in range(len(completions))]
+
+
+def test_a_non_finite_gradient_norm_is_warned_and_counted(tiny_model_dir, tmp_path):
+    args = make_args(tmp_path, otb_tail="group_mean", max_steps=2, learning_rate=1e-3)
+    trainer = OTBTrainer(tiny_model_dir, reward_funcs=huge_reward, args=args, train_dataset=prompts_dataset())
+    with pytest.warns(NonFiniteGradientWarning, match="Rescale the reward"):
+        trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "otb/nonfinite_grad_norm" in entry]
+    assert logged and logged[0]["otb/advantage_abs_max"] >= 1e29  # the precondition: the advantages are huge
+    assert all(entry["otb/nonfinite_grad_norm"] == 1.0 for entry in logged)
+    assert not math.isfinite(logged[0]["grad_norm"])
+
+    # With rewards of order 1 the count is 0, and no such warning is raised.
+    fine = OTBTrainer(
+        tiny_model_dir, reward_funcs=RecordingReward(), args=make_args(tmp_path / "fine"), train_dataset=prompts_dataset()
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonFiniteGradientWarning)
+        fine.train()
+    assert fine.state.log_history[0]["otb/nonfinite_grad_norm"] == 0.0

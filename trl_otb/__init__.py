@@ -7,6 +7,7 @@ import TRL on first use.
 from .core import (
     ESTIMATORS,
     InfiniteRewardWarning,
+    NonFiniteGradientWarning,
     compute_advantages,
     grpo_advantages,
     logit_gradient_proxy,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ESTIMATORS",
     "InfiniteRewardWarning",
+    "NonFiniteGradientWarning",
     "OTBConfig",
     "OTBTrainer",
     "compute_advantages",

@@ -49,6 +49,9 @@ REQUIRED = {
         ),
     ),
     "_calculate_rewards": (("self", "inputs", "prompts", "completions", "completion_ids_list"), ()),
+    # transformers' Trainer: the gradient norm of each optimizer step passes through it (OTBTrainer warns when it is
+    # not finite, and counts it in otb/nonfinite_grad_norm).
+    "_get_grad_norm": (("self", "model", "grad_norm"), ()),
     # Single-turn HF generation calls `generate` on the model with TRL's config (statistics collected while sampling).
     "_generate_single_turn": (
         ("self", "prompt_ids"),

@@ -39,8 +39,17 @@ class OTBConfig(GRPOConfig):
         otb_epsilon (`float`, *optional*, defaults to `1e-8`):
             Added to the baseline's denominator sum_i W_t^(i).
         otb_tail (`str`, *optional*, defaults to `"zero"`):
-            `"zero"`: a strictly-longest completion gets baseline 0 past the second-longest length
-            (reference behaviour). `"none"`: keep the computed baseline (advantage ~0 there).
+            The baseline where a group cannot estimate one: a token where its completion is the only one of the
+            group still active (the tail of a strictly-longest completion, a group with one valid completion, and
+            with `otb_leave_one_out` any token no other completion shares). Offset-dependent (A = R where the
+            baseline is forced to 0, so adding a constant to every reward changes those advantages):
+            `"zero"`, the reference (verl's rule, baseline 0 past the second-longest length) and `"none"` (the
+            computed baseline, advantage ~0 there). Shift-invariant (rewards centred in their group first; a
+            group whose rewards tie gets advantage 0 exactly): `"group_mean"` (the group's mean reward),
+            `"sequence_baseline"` (the group's energy-weighted sequence-level baseline, OGB's),
+            `"last_baseline"` (the last baseline two or more completions shared), `"zero_advantage"` (no
+            update there). The default stays the reference until the training study (docs/benchmarks.md)
+            chooses among the shift-invariant ones; docs/options.md compares them.
         otb_align (`str` or `None`, *optional*, defaults to `None`):
             `"position"` compares group members at the same completion index, `"valid"` at their k-th
             model-generated token. `None` picks `"valid"` when a tool mask is present, else `"position"`.
@@ -84,8 +93,10 @@ class OTBConfig(GRPOConfig):
     otb_tail: str = field(
         default="zero",
         metadata={
-            "help": "'zero': a strictly-longest completion gets baseline 0 past the second-longest length "
-            "(reference behaviour); 'none': keep the computed baseline."
+            "help": "Baseline where one completion alone is active in its group. Offset-dependent: 'zero' (the "
+            "reference: baseline 0, A = R past the second-longest length), 'none' (the computed baseline). "
+            "Shift-invariant (rewards centred per group; ties give 0): 'group_mean', 'sequence_baseline' (OGB's), "
+            "'last_baseline' (last shared one), 'zero_advantage'."
         },
     )
     otb_align: str | None = field(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import textwrap
 import warnings
 import weakref
@@ -35,6 +36,7 @@ from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
 from .core import (
     ESTIMATORS,
     InfiniteRewardWarning,
+    NonFiniteGradientWarning,
     compute_advantages,
     logit_gradient_proxy,
     otb_diagnostics,
@@ -206,6 +208,25 @@ class OTBTrainer(GRPOTrainer):
         rewards_per_func = rewards_per_func.clone()
         rewards_per_func[rows] = torch.nan
         return rewards_per_func
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers' gradient norm of this optimizer step; a non-finite one is warned and counted
+        (``otb/nonfinite_grad_norm``, the share of steps): clipping by an infinite norm makes the step no update, and
+        without a word the run would go on learning nothing."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        finite = grad_norm is None or math.isfinite(float(grad_norm))
+        self._metrics["train"]["otb/nonfinite_grad_norm"].append(0.0 if finite else 1.0)
+        if not finite and self.accelerator.is_main_process:
+            warnings.warn(
+                f"The gradient norm of optimizer step {self.state.global_step + 1} is {float(grad_norm)}, so clipping "
+                "turned the step into no update (counted in otb/nonfinite_grad_norm). With finite rewards this means "
+                "advantages too large for the gradient's dtype: otb/advantage_abs_max shows them. Rescale the reward "
+                "functions' outputs (rewards of order 1 are what GRPO and OTB are tuned for), or set "
+                "scale_rewards='group' with advantage_estimator='grpo'.",
+                NonFiniteGradientWarning,
+                stacklevel=2,
+            )
+        return grad_norm
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         capture = self._otb_capture

@@ -8,7 +8,7 @@
 - :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above
 """
 
-from .checks import InfiniteRewardWarning
+from .checks import InfiniteRewardWarning, NonFiniteGradientWarning
 from .diagnostics import otb_diagnostics
 from .estimators import (
     ESTIMATORS,
@@ -33,6 +33,7 @@ __all__ = [
     "TAILS",
     "Estimator",
     "InfiniteRewardWarning",
+    "NonFiniteGradientWarning",
     "OTBTerms",
     "compute_advantages",
     "compute_dtype",

@@ -26,6 +26,11 @@ __all__ = [
 ]
 
 
+class NonFiniteGradientWarning(UserWarning):
+    """An optimizer step whose gradient norm was not finite: gradient clipping turned it into no update. With
+    finite rewards this comes from advantages too large for the gradient's dtype (rewards of 1e30, say)."""
+
+
 class InfiniteRewardWarning(UserWarning):
     """A reward of +inf or -inf: the completion is treated as unscorable (like NaN), which is almost always a bug in
     the reward function."""
