@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trl_otb import InfiniteRewardWarning, NonFiniteGradientWarning, OTBTrainer, grpo_advantages, otb_advantages
-from trl_otb.core import SHIFT_INVARIANT_TAILS
 from trl_otb.config import TOKEN_LEVEL_LOSSES
+from trl_otb.core import SHIFT_INVARIANT_TAILS
 from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
 from trl_otb.testing import (
     N,
@@ -358,7 +358,10 @@ def test_a_non_finite_gradient_norm_is_warned_and_counted(tiny_model_dir, tmp_pa
 
     # With rewards of order 1 the count is 0, and no such warning is raised.
     fine = OTBTrainer(
-        tiny_model_dir, reward_funcs=RecordingReward(), args=make_args(tmp_path / "fine"), train_dataset=prompts_dataset()
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=make_args(tmp_path / "fine"),
+        train_dataset=prompts_dataset(),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonFiniteGradientWarning)
