@@ -363,7 +363,7 @@ class OTBTrainer(GRPOTrainer):
         """``otb/*`` metrics, and the completions table's advantage column."""
         # Estimators that use no per-token weight log no proxy statistics (they would show the uniform proxy).
         proxy = groups.proxy if ESTIMATORS[self.args.advantage_estimator].uses_proxy else None
-        diagnostics = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids)
+        diagnostics = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids, groups.align)
         for name, value in diagnostics.items():
             self._metrics[mode][f"otb/{name}"].append(value)
         self._otb_replace_table_advantages(advantages, groups.mask)

@@ -24,6 +24,7 @@ def reference(rewards, adv, proxy, mask, group_ids):
         members = [j for j in rows if group_ids[j] == group_ids[i]]
         group_mean[i] = sum(float(rewards[j]) for j in members) / len(members)
     differs = [abs(float(rewards[i]) - float(adv[i, t]) - group_mean[i]) > 1e-6 for i, t in tokens]
+    lone = [not any(mask[j, t] for j in rows if j != i and group_ids[j] == group_ids[i]) for i, t in tokens]
     mean = sum(a) / len(a)
     a_bar = {i: sum(float(adv[i, t]) for t in range(mask.shape[1]) if mask[i, t]) / int(mask[i].sum()) for i in rows}
     return {
@@ -32,6 +33,7 @@ def reference(rewards, adv, proxy, mask, group_ids):
         "energy_last_mean": sum(energy.values()) / len(rows),
         "energy_last_max": max(energy.values()),
         "baseline_differs_frac": sum(differs) / len(tokens),
+        "lone_token_frac": sum(lone) / len(tokens),
         "advantage_mean": mean,
         "advantage_std": math.sqrt(sum((x - mean) ** 2 for x in a) / len(a)),
         "advantage_abs_max": max(abs(x) for x in a),
@@ -77,3 +79,29 @@ def test_without_a_proxy_only_the_advantage_keys_are_reported():
     assert without == {k: with_proxy[k] for k in ADVANTAGE_KEYS}
     empty = otb_diagnostics(rewards, adv, None, torch.zeros_like(mask), group_ids)
     assert empty == dict.fromkeys(ADVANTAGE_KEYS, 0.0)
+
+
+def test_lone_token_frac_counts_tokens_no_other_member_reaches():
+    # Group 0: lengths 3 and 1 -> positions 1, 2 of row 0 are alone (2 of 4 tokens); group 1: one valid member
+    # (row 3's reward is NaN) -> its 2 tokens are alone. 4 of 8 valid tokens.
+    rewards = torch.tensor([1.0, 0.0, 0.5, float("nan")])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    adv = torch.zeros(4, 3)
+    got = otb_diagnostics(rewards, adv, None, mask, torch.tensor([0, 0, 1, 1]))
+    assert got["lone_token_frac"] == pytest.approx(4 / 6)
+    # A hole in row 1: position 1 is row 0's alone; with align="valid" row 1's tokens are positions 0 and 1, so row
+    # 0's last token is alone instead. Either way 1 of 5 tokens.
+    mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
+    rewards = torch.tensor([1.0, 0.0])
+    position = otb_diagnostics(rewards, torch.zeros(2, 3), None, mask, torch.tensor([0, 0]))
+    valid = otb_diagnostics(rewards, torch.zeros(2, 3), None, mask, torch.tensor([0, 0]), align="valid")
+    assert position["lone_token_frac"] == pytest.approx(1 / 5)
+    assert valid["lone_token_frac"] == pytest.approx(1 / 5)
+    # Row 1 starts one token late: by position tokens 0 and 2 are alone; by valid token, none is.
+    shifted = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    assert otb_diagnostics(rewards, torch.zeros(2, 3), None, shifted, torch.tensor([0, 0]))[
+        "lone_token_frac"
+    ] == pytest.approx(2 / 4)
+    assert otb_diagnostics(rewards, torch.zeros(2, 3), None, shifted, torch.tensor([0, 0]), align="valid")[
+        "lone_token_frac"
+    ] == pytest.approx(0.0)

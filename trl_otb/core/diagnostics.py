@@ -14,7 +14,7 @@ from .groups import group_index, group_sum, valid_rows
 __all__ = ["ADVANTAGE_KEYS", "PROXY_KEYS", "otb_diagnostics"]
 
 # Always present.
-ADVANTAGE_KEYS = ("baseline_differs_frac", "advantage_mean", "advantage_std", "advantage_abs_max")
+ADVANTAGE_KEYS = ("baseline_differs_frac", "lone_token_frac", "advantage_mean", "advantage_std", "advantage_abs_max")
 # Present only when the estimator read a proxy (``proxy`` is not None).
 PROXY_KEYS = ("proxy_mean", "proxy_max", "energy_last_mean", "energy_last_max", "total_power")
 _ORDER = (*PROXY_KEYS[:4], *ADVANTAGE_KEYS, "total_power")  # the order they are logged in
@@ -26,6 +26,7 @@ def otb_diagnostics(
     proxy: torch.Tensor | None,
     mask: torch.Tensor,
     group_ids: torch.Tensor,
+    align: str = "position",
 ) -> dict[str, float]:
     """Diagnostics of one generation batch.
 
@@ -34,10 +35,14 @@ def otb_diagnostics(
         proxy: ``[B, T]`` the per-token weights the estimator used, or None when it used none (``grpo``, ``rloo``,
             ``opo``: see ``ESTIMATORS[name].uses_proxy``); then the proxy keys are left out rather than describing
             weights that played no part.
+        align: how group members are compared (``"position"`` or ``"valid"``, as the estimator was called); it
+            decides which tokens are alone.
 
     Returns a dict of floats. Always (:data:`ADVANTAGE_KEYS`):
         ``baseline_differs_frac``: share of valid tokens whose baseline ``B_t = R - A_t`` differs from the
         group's mean reward by more than 1e-6 (0 for GRPO; how far OTB moves away from it).
+        ``lone_token_frac``: share of valid tokens at an aligned position that no other valid member of the group
+        reaches: where OTB's ``tail`` rule sets the baseline (the group cannot estimate one there).
         ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
     With a proxy, also (:data:`PROXY_KEYS`):
         ``proxy_mean``, ``proxy_max``: w_t over valid tokens.
@@ -65,8 +70,13 @@ def otb_diagnostics(
     baseline = R[:, None] - A
     differs = ((baseline - group_mean[:, None]).abs() > 1e-6) & m
     a_mean = A.sum() / n_tokens
+    aligned = m
+    if align == "valid":  # the k-th masked-in token of every member shares aligned position k
+        aligned = torch.arange(m.shape[1], device=m.device)[None, :] < m.sum(dim=1, keepdim=True)
+    active = group_sum(aligned.to(torch.float32), gid, G)[gid]
     stats = {
         "baseline_differs_frac": differs.sum() / n_tokens,
+        "lone_token_frac": (aligned & (active == 1)).sum() / n_tokens,
         "advantage_mean": a_mean,
         "advantage_std": (((A - a_mean) * mf).pow(2).sum() / n_tokens).sqrt(),
         "advantage_abs_max": A.abs().max(),
