@@ -93,6 +93,11 @@ def num(x: float) -> str:
 # --- estimator speed and trainer overhead -------------------------------------------------------------------------
 
 
+def _ns(x: float) -> str:
+    """Nanoseconds per token: whole numbers on a CPU (20-40), two decimals below 10 (a GPU's fractions of one)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2f}"
+
+
 def speed_table(data) -> str:
     names = [k for k in data["results"][0]["median_s"] if k != "floor"]
     rows = [
@@ -100,7 +105,7 @@ def speed_table(data) -> str:
             f"{r['tokens'] / 1e6:.2f}M",
             f"{r['median_s']['floor'] * 1e3:.1f}",
             *(f"{r['median_s'][n] * 1e3:.1f} ({r['ratio_to_floor'][n]:.2f})" for n in names),
-            f"{r['ns_per_token']['otb']:.0f}",
+            _ns(r["ns_per_token"]["otb"]),
         ]
         for r in data["results"]
     ]
@@ -830,6 +835,45 @@ def study_verdict(ctx: Context) -> str:
     return "\n".join(f"- {line}." for line in study_sentences(ctx)) + f"\n\n({ctx.link(STUDY)})"
 
 
+def device_fused_head_table(data) -> str:
+    """TRL's fused LM head on the GPU with GRPOTrainer's outputs and with OTBTrainer's (plus log sum pi^2)."""
+    rows = [
+        [
+            str(r["length"]),
+            r["mode"],
+            f"{r['median_s']['grpo'] * 1e3:.1f}",
+            f"{r['median_s']['otb'] * 1e3:.1f}",
+            f"{r['median_ratio']:.3f}",
+            str(len(r["pair_ratios"])),
+        ]
+        for r in data["results"]
+    ]
+    header = ["tokens per row", "pass", "GRPO ms", "OTB ms", "OTB/GRPO (median pair)", "pairs"]
+    caption = f"{data['meta']['gpu']}, {data['meta']['dtype']}, batch {data['meta']['batch']}, {data['meta']['shape']}"
+    return caption + ":\n\n" + "\n".join(markdown_table(header, ["---:", "---", "---:", "---:", "---:", "---:"], rows))
+
+
+def device_overhead_table(data) -> str:
+    """OTBTrainer against GRPOTrainer on the GPU: the pairs that finished, per completion length."""
+    rows = [
+        [
+            length,
+            str(s["pairs"]),
+            f"{s['step_wall_s']['grpo']:.1f}",
+            f"{s['step_wall_s']['otb']:.1f}",
+            f"{s['step_wall_s']['median_ratio']:.2f}",
+            f"{s['peak_cuda_mb']['grpo']:.0f} / {s['peak_cuda_mb']['otb']:.0f}",
+        ]
+        for length, s in data["summary"].items()
+    ]
+    missing = [str(n) for n in data["meta"]["lengths"] if str(n) not in data["summary"]]
+    header = ["completion tokens", "pairs", "GRPO step s", "OTB step s", "OTB/GRPO", "peak CUDA MB GRPO / OTB"]
+    note = f" No pair finished at {', '.join(missing)} tokens." if missing else ""
+    return (
+        "\n".join(markdown_table(header, ["---:"] * len(header), rows)) + f"\n\nPairs that finished: the table.{note}"
+    )
+
+
 def _from_cell(fn):
     return lambda ctx, stem, cell: fn(ctx.load(stem), cell) + f"\n\n({ctx.link(stem)})"
 
@@ -855,6 +899,8 @@ BLOCKS = {
     "fallbacks-overview": fallbacks_overview,
     "fallbacks-calibration": fallbacks_calibration,
     "efficiency": _from(efficiency_table),
+    "device-fused-head": _from(device_fused_head_table),
+    "device-overhead": _from(device_overhead_table),
     "study-verdict": study_verdict,
     "study-paired": _from_cell(study_paired_table),
     "study-arms": _from_cell(study_arms_table),
