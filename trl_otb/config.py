@@ -170,8 +170,8 @@ class OTBConfig(GRPOConfig):
                 "needs at least 2 per group (with 1 it degenerates to plain REINFORCE). Set num_generations >= 2 "
                 "(4 is the paper's choice)."
             )
-        # num_generations_eval=1 is allowed: evaluation takes no gradient step, and a singleton group has baseline 0
-        # (docs/method.md; otb_advantages), so each evaluation completion's advantage is its reward.
+        # num_generations_eval=1 is allowed: evaluation takes no gradient step. Each evaluation completion is a
+        # singleton group: advantage R under the reference tail ("zero"/"none"), 0 under every other estimator/tail.
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             _fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
         estimator = ESTIMATORS[self.advantage_estimator]

@@ -93,11 +93,15 @@ def test_works_when_trl_grpotrainer_is_aliased_to_otbtrainer(tiny_model_dir, tmp
         compat.check_trl_compatibility(OTBTrainer)
 
 
-@pytest.mark.parametrize("estimator", ["otb", "rloo", "ogb", "opo", "grpo"])
-def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, estimator):
+@pytest.mark.parametrize(
+    "estimator,options",
+    [("otb", {}), ("otb", {"otb_tail": "group_mean"}), ("rloo", {}), ("ogb", {}), ("opo", {}), ("grpo", {})],
+)
+def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, estimator, options):
     args = make_args(
         tmp_path,
         advantage_estimator=estimator,
+        **options,
         num_generations_eval=1,
         per_device_eval_batch_size=4,
         eval_strategy="steps",
@@ -113,9 +117,11 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
     rewards = torch.tensor(reward.calls[-1])[:, None]
     mask = batch["completion_mask"].float()
     assert (rewards * mask).abs().sum() > 0, "precondition failed: no reward on any token, A = R = 0 says nothing"
-    # Every completion is its own group. A singleton's baseline is 0 (otb_advantages' docstring), so A = R on its tokens;
-    # 'grpo' is TRL's group mean, which is R itself for a singleton, so A = 0.
-    expected = torch.zeros_like(mask) if estimator == "grpo" else rewards * mask
+    # Every completion is its own group. Under OTB's reference tail a singleton's baseline is 0 (otb_advantages'
+    # docstring), so A = R on its tokens; every other estimator and tail gives a singleton advantage 0 ('grpo' is TRL's
+    # group mean, R itself for a singleton).
+    reference = estimator == "otb" and not options
+    expected = rewards * mask if reference else torch.zeros_like(mask)
     torch.testing.assert_close(batch["advantages"], expected)
     metrics = trainer.evaluate()
     assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
