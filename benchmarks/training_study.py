@@ -8,6 +8,14 @@
     python benchmarks/training_study.py --pilot 1e-4 2e-4 5e-4 1e-3 2e-3                  # how the learning rates
     python benchmarks/training_study.py --pilot 2e-4 5e-4 1e-3 2e-3 --pilot-cell short    # were chosen
 
+    python benchmarks/training_study.py --study 2 ...    # the second study (issue 26): STUDY2, below
+
+Two studies live here. The first (PREREGISTRATION, results in training_study/ and training_study.json) is closed
+and kept as it ran. The second (STUDY2, results in training_study2/ and training_study2.json) asks which OTB
+should be the default: the shift-invariant OTB candidates, with and without TRL's group std scaling, each arm at
+its own tuned learning rate, on ramble, ramble with every reward - 0.5, a task where long answers are the right
+ones (study_task's long_right), the copy control and a high learning rate; its section below has its commands.
+
 The question: at the same number of generated completion tokens, does training with OTB at N=4 reach a better
 held-out policy than the GRPO a user runs today, unscaled GRPO, OGB, or GRPO at N=16 (the paper's "N=4 matches a
 large group"), and does it avoid collapse? The policy is a small Llama made from scratch on CPU
@@ -146,12 +154,15 @@ def pilot_cells(learning_rates, cell: str = PILOT["cell"]) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def run_path(out: Path, cell: str, arm: str, seed: int) -> Path:
-    return Path(out) / "training_study" / cell / f"{arm}-s{seed}.json"
+def run_path(out: Path, cell: str, arm: str, seed: int, folder: str = "training_study") -> Path:
+    return Path(out) / folder / cell / f"{arm}-s{seed}.json"
 
 
 def run_one(job: dict) -> dict:
-    """Train one arm of one cell from one seed's warm-started policy; returns the run's record (see module doc)."""
+    """Train one arm of one cell from one seed's warm-started policy; returns the run's record (see module doc).
+
+    A second-study job (``job["study"] == 2``) also carries its arm (``arm_spec``), its warm start's tasks, the
+    cell's reward offset and quantum and its evaluation samples; it trains with ``study_task.study_trainer()``."""
     import torch
 
     torch.set_num_threads(job["threads"])
@@ -161,11 +172,14 @@ def run_one(job: dict) -> dict:
 
     from trl_otb import OTBConfig, OTBTrainer
 
-    cell, arm, seed = job["cell_spec"], PREREGISTRATION["arms"][job["arm"]], job["seed"]
+    cell, seed = job["cell_spec"], job["seed"]
+    arm = job.get("arm_spec") or PREREGISTRATION["arms"][job["arm"]]
+    second = job.get("study") == 2
     task = study_task.TASKS[cell["task"]]
-    model, tok = study_task.warm_start(seed, job["cache"], job.get("warm_start_steps"))
+    tasks = job.get("warm_start_tasks", study_task.WARM_START_TASKS)
+    model, tok = study_task.warm_start(seed, job["cache"], job.get("warm_start_steps"), tasks)
     train_patterns, held_out = study_task.split_patterns(seed)
-    reward = study_task.reward_function(task)
+    reward = study_task.reward_function(task, cell.get("reward_offset", 0.0), cell.get("reward_quantum"))
     tokens = {"n": 0}
 
     def counted(completions, completion_ids, **kwargs):
@@ -177,10 +191,18 @@ def run_one(job: dict) -> dict:
     max_steps = job.get("max_steps") or _step_bound(cell, arm)
 
     def evaluate(step: int) -> None:
-        score = study_task.held_out_score(model, tok, task, held_out, seed)
-        curve.append({"step": step, "tokens": tokens["n"], "score": score})
+        if "eval_samples" not in cell:  # the first study
+            score = study_task.held_out_score(model, tok, task, held_out, seed)
+            curve.append({"step": step, "tokens": tokens["n"], "score": score})
+            return
+        start = time.process_time()
+        scores = study_task.held_out_samples(model, tok, task, held_out, seed, cell["eval_samples"])
+        se = study_task.sampling_se(scores, cell["eval_samples"])
+        eval_cpu["s"] += time.process_time() - start
+        curve.append({"step": step, "tokens": tokens["n"], "score": sum(scores) / len(scores), "se": se})
 
     curve: list[dict] = []
+    eval_cpu = {"s": 0.0}  # the second study's evaluations, to check the cost plan's allowance for them
     evaluate(0)
 
     class Schedule(TrainerCallback):
@@ -193,11 +215,14 @@ def run_one(job: dict) -> dict:
                 control.should_training_stop = True
 
     N = arm["num_generations"]
+    # Only an OTB arm names its OTB options (OTBConfig refuses a non-default one on another estimator).
+    otb_options = {k: arm[k] for k in ("otb_tail", "otb_leave_one_out") if k in arm}
     config = OTBConfig(
         output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
         advantage_estimator=arm["advantage_estimator"],
         num_generations=N,
         scale_rewards=arm["scale_rewards"],
+        **otb_options,
         per_device_train_batch_size=N * PREREGISTRATION["prompts_per_step"],
         max_completion_length=task.max_completion_length,
         learning_rate=cell["learning_rate"],
@@ -212,13 +237,17 @@ def run_one(job: dict) -> dict:
         save_strategy="no",
         disable_tqdm=True,
     )
-    trainer = OTBTrainer(
+    trainer_class, extra = OTBTrainer, {}
+    if second:
+        trainer_class, extra = study_task.study_trainer(), {"harness_scale": arm.get("harness_scale")}
+    trainer = trainer_class(
         model,
         reward_funcs=counted,
         args=config,
         train_dataset=study_task.dataset(task, train_patterns, seed),
         processing_class=tok,
         callbacks=[Schedule()],
+        **extra,
     )
     trainer.remove_callback(PrinterCallback)
     before = [p.detach().clone() for p in model.parameters()]
@@ -226,11 +255,11 @@ def run_one(job: dict) -> dict:
     trainer.train()
     moved = sum(float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before))
     steps = [
-        {k: entry.get(k) for k in STEP_KEYS}
+        {k: entry.get(k) for k in (STEP_KEYS2 if second else STEP_KEYS)}
         for entry in trainer.state.log_history
         if "loss" in entry and "train_runtime" not in entry
     ]
-    return {
+    record = {
         "cell": job["cell"],
         "arm": job["arm"],
         "seed": seed,
@@ -241,6 +270,15 @@ def run_one(job: dict) -> dict:
         "cpu_seconds": time.process_time() - cpu,
         "wall_seconds": time.perf_counter() - wall,
     }
+    if second:
+        record.update(
+            study=2,
+            learning_rate=cell["learning_rate"],
+            arm_spec=arm,
+            reward_offset=cell["reward_offset"],
+            eval_cpu_seconds=eval_cpu["s"],
+        )
+    return record
 
 
 STEP_KEYS = (
@@ -255,6 +293,8 @@ STEP_KEYS = (
     "frac_reward_zero_std",
     "otb/advantage_std",
 )
+STEP_KEYS2 = (*STEP_KEYS, "completions/mean_terminated_length", "study/lone_token_frac")
+"""The second study logs, per step, also the share of tokens where a fallback baseline applied."""
 
 
 def _step_bound(cell: dict, arm: dict) -> int:
@@ -433,7 +473,7 @@ def _variance_check(out: Path) -> dict:
     return found
 
 
-def plot(runs: dict, cells: dict, path: Path) -> None:
+def plot(runs: dict, cells: dict, path: Path, arms=None) -> None:
     """Per cell: each arm's median held-out score against completion tokens, with the band of its seeds."""
     from common import pyplot, save_figure
 
@@ -442,6 +482,8 @@ def plot(runs: dict, cells: dict, path: Path) -> None:
         return
     fig, axes = pyplot().subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
     colors = dict(zip(PREREGISTRATION["arms"], ["black", "tab:blue", "tab:cyan", "tab:green", "tab:orange"]))
+    if arms is not None:
+        colors = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
     for ax, cell in zip(axes[0], shown):
         spec = cells[cell]
         budget = spec["token_budget"] or max(r["tokens"] for r in runs[cell])
@@ -453,8 +495,10 @@ def plot(runs: dict, cells: dict, path: Path) -> None:
             values = [[score_at(r["curve"], t) for r in mine] for t in grid]
             ax.plot(grid, [statistics.median(v) for v in values], color=color, lw=2, label=f"{arm} ({len(mine)})")
             ax.fill_between(grid, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.12)
-        ax.axhline(spec["target"], color="grey", lw=0.8, ls=":")
-        ax.set(title=f"{cell} ({spec['task']}, lr {spec['learning_rate']:g})", xlabel="completion tokens")
+        if spec.get("target") is not None:
+            ax.axhline(spec["target"], color="grey", lw=0.8, ls=":")
+        lr = spec.get("learning_rate")
+        ax.set(title=f"{cell} ({spec['task']}{'' if lr is None else f', lr {lr:g}'})", xlabel="completion tokens")
         ax.set_ylabel("held-out score (median, band: seeds' range)")
         ax.legend(fontsize=7)
     save_figure(fig, path)
@@ -487,7 +531,7 @@ def _run_and_store(job: dict) -> dict:
     from common import write_json
 
     run = run_one(job)
-    write_json(run_path(job["out"], job["cell"], job["arm"], job["seed"]), run)
+    write_json(run_path(job["out"], job["cell"], job["arm"], job["seed"], job.get("folder", "training_study")), run)
     return run
 
 
@@ -497,8 +541,13 @@ def warm_up(args) -> None:
 
     import study_task
 
-    todo = [s for s in args.seeds if not (Path(args.cache) / f"warm_start-s{s}-{args.warm_start_steps}.pt").exists()]
-    specs = [(s, str(args.cache), args.warm_start_steps, args.threads) for s in todo]
+    task_sets = getattr(args, "warm_start_task_sets", [study_task.WARM_START_TASKS])
+    specs = [
+        (s, str(args.cache), args.warm_start_steps, args.threads, tuple(tasks))
+        for tasks in task_sets
+        for s in args.seeds
+        if not study_task.warm_start_path(args.cache, s, args.warm_start_steps, tasks).exists()
+    ]
     if len(specs) <= 1 or args.jobs == 1:
         for spec in specs:
             _warm(spec)
@@ -512,11 +561,11 @@ def warm_up(args) -> None:
 def _warm(spec) -> int:
     import torch
 
-    seed, cache, steps, threads = spec
+    seed, cache, steps, threads, tasks = spec
     torch.set_num_threads(threads)
     import study_task
 
-    study_task.warm_start(seed, cache, steps)
+    study_task.warm_start(seed, cache, steps, tasks)
     return seed
 
 
@@ -543,11 +592,707 @@ def variance_check(args) -> None:
         )
 
 
+# ================================================================================================================
+# The second study (issue 26): which OTB should be the default?
+# ================================================================================================================
+#
+#     python benchmarks/training_study.py --study 2 --quick                     # tiny: seconds per run (the tests)
+#     python benchmarks/training_study.py --study 2 --pilot --task ramble       # the learning-rate pilot of a task
+#     python benchmarks/training_study.py --study 2 --record-rates              # pilots -> the rates file
+#     python benchmarks/training_study.py --study 2 --plan                      # the runs and their estimated cost
+#     python benchmarks/training_study.py --study 2                             # every run not yet done; summary
+#     python benchmarks/training_study.py --study 2 --summary                   # the summary from finished runs
+#
+# Everything that decides the answer is in STUDY2, committed before any study-2 run (the pilot included). The
+# two shift-invariant candidates are named in CANDIDATES, with the numbers that chose them; the learning rates
+# chosen by the pre-registered pilot rule are recorded in LEARNING_RATES_FILE, which the study reads (this block is
+# not edited after a run). Results: --out/training_study2/<cell>/<arm>-s<seed>.json, one per run, and
+# --out/training_study2.json (the summary, rebuilt from the finished runs).
+
+STUDY2_FOLDER = "training_study2"
+LEARNING_RATES_FILE = "training_study2_learning_rates.json"
+
+CANDIDATES = {
+    "status": "PROVISIONAL: the two shift-invariant candidates with the lowest MSE at N=4 on ramble come from "
+    "benchmarks/variance.py --fallbacks (benchmarks/results/variance_fallbacks_ramble.json), which had not landed "
+    "when this harness was written; until then the slots hold group_mean and last_baseline, without "
+    "leave-one-out, and their numbers are None. Filled before the first study-2 run (the pilot included).",
+    "source": "benchmarks/results/variance_fallbacks_ramble.json: MSE against the reference gradient at N=4, "
+    "ramble, every shift-invariant tail with and without leave-one-out; the two lowest",
+    "arms": {
+        "otb_group_mean": {"otb_tail": "group_mean", "otb_leave_one_out": False, "mse": None, "mse_ci": None},
+        "otb_last_baseline": {"otb_tail": "last_baseline", "otb_leave_one_out": False, "mse": None, "mse_ci": None},
+    },
+    "best": "otb_group_mean",  # the lower MSE of the two: the one that also runs with the group std scaling
+}
+
+
+def _otb_arm(tail: str, leave_one_out: bool, harness_scale: str | None = None) -> dict:
+    return {
+        "advantage_estimator": "otb",
+        "num_generations": 4,
+        "scale_rewards": "none",
+        "otb_tail": tail,
+        "otb_leave_one_out": leave_one_out,
+        "harness_scale": harness_scale,
+    }
+
+
+def _study2_arms(candidates: dict) -> dict:
+    best = candidates["arms"][candidates["best"]]
+    return {
+        "otb_ref": _otb_arm("zero", False),
+        **{name: _otb_arm(c["otb_tail"], c["otb_leave_one_out"]) for name, c in candidates["arms"].items()},
+        f"{candidates['best']}_scaled": _otb_arm(best["otb_tail"], best["otb_leave_one_out"], "group"),
+        "grpo_N4": {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": "group"},
+        "grpo_unscaled_N4": {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": "none"},
+        "ogb_N4": {"advantage_estimator": "ogb", "num_generations": 4, "scale_rewards": "none"},
+        "rloo_N4": {"advantage_estimator": "rloo", "num_generations": 4, "scale_rewards": "none"},
+        "grpo_N16": {"advantage_estimator": "grpo", "num_generations": 16, "scale_rewards": "group"},
+    }
+
+
+def offset_invariant(arm: dict) -> bool:
+    """Whether adding a constant to every reward leaves the arm's advantages unchanged (the reference OTB tails
+    'zero' and 'none' force or leave a baseline that does not move with the rewards; every other arm does)."""
+    return not (arm["advantage_estimator"] == "otb" and arm.get("otb_tail", "zero") in ("zero", "none"))
+
+
+_RAMBLE = {"task": "ramble", "token_budget": 120_000, "eval_every_tokens": 12_000, "target": 0.75}
+
+STUDY2 = {
+    "committed": "before any study-2 run, the learning-rate pilot included; not changed after seeing results (if "
+    "it ever must be, both analyses are kept and the reason written down). Two parts are filled later by rules "
+    "fixed here: CANDIDATES (from the variance table) and the learning rates (from the pilot, in "
+    f"benchmarks/results/{LEARNING_RATES_FILE})",
+    "question": "which OTB should be the default: among the shift-invariant OTB candidates, with and without TRL's "
+    "group std scaling, each arm at its own tuned learning rate, against TRL's default GRPO, unscaled GRPO, OGB, "
+    "RLOO, GRPO at N=16 and the reference OTB (verl's tail rule)",
+    "seeds": list(range(10)),
+    "prompts_per_step": 4,
+    "candidates": CANDIDATES,
+    "arms": _study2_arms(CANDIDATES),
+    "arm_notes": "otb_ref is verl's rule (otb_tail='zero'), the first study's otb_N4. The two candidates are "
+    "CANDIDATES' arms; <best>_scaled is the lower-MSE one with its advantages divided by the group's reward std + "
+    "1e-4 as TRL's scale_rewards='group' (done in the harness, study_task.study_trainer: the library refuses "
+    "scale_rewards with OTB). grpo_N4 is TRL's default GRPO (scale_rewards='group'); every arm passes "
+    "scale_rewards explicitly. Every other setting is TRL's default (loss_type='dapo', beta=0, max_grad_norm=1, "
+    "temperature 1, AdamW) with a constant learning rate, on CPU in fp32, as in the first study.",
+    "cells": {
+        "long": dict(_RAMBLE, reward_offset=0.0),
+        "long_offset": dict(_RAMBLE, reward_offset=-0.5, invariant_seeds=[0, 1]),
+        "long_right": {
+            "task": "long_right",
+            "token_budget": 120_000,
+            "eval_every_tokens": 12_000,
+            "target": None,  # the pilot rule below (learning_rates["target_rule"]), recorded in the rates file
+            "reward_offset": 0.0,
+        },
+        "short": {
+            "task": "copy",
+            "token_budget": 24_000,
+            "eval_every_tokens": 2_400,
+            "target": 0.75,
+            "reward_offset": 0.0,
+        },
+        "long_high_lr": dict(_RAMBLE, reward_offset=0.0, lr_factor=3.0),
+    },
+    "cell_notes": "long: ramble, as in the first study (long means wrong there). long_offset: ramble with every "
+    "training reward minus 0.5 (failures below 0; the held-out score unchanged): every seed for the arms that are "
+    "not offset-invariant (otb_ref), seeds 0 and 1 for every invariant arm, whose whole run must equal its long "
+    "run (offset_check). long_right: study_task's long_right, where correct answers are long (150-240 "
+    "characters) and failures mostly stop early, so that a length incentive helps. short: copy, the control. "
+    "long_high_lr: ramble at three times each arm's tuned ramble rate. Budgets and evaluation spacing as in the "
+    "first study. Warm starts: ramble and copy cells start from the first study's (ramble + copy); long_right "
+    "from one on long_right + copy, same recipe and seeds.",
+    "training_reward": {
+        "quantum": 2.0**-16,
+        "rule": "every cell's training reward is the task's score rounded to a multiple of 2**-16, plus the cell's "
+        "reward_offset: then R and R - 0.5 are both exact in fp32, and every shift-invariant estimator gives "
+        "bit-identical advantages (unrounded, fp32(s - 0.5) != fp32(s) - 0.5 for about a fifth of ramble's "
+        "scores k/L, L > 32). The held-out score is the unrounded score, without offset",
+    },
+    "learning_rates": {
+        "grid": [2e-4, 5e-4, 1e-3, 2e-3],
+        "pilot_seed": 100,
+        "rule": "per arm and per task (ramble, long_right, copy): the rate of the grid with the highest auc on the "
+        "pilot seed (100, not a study seed) over the task's main cell (long, long_right, short: budget, "
+        "evaluation and reward as there); a tie goes to the lower rate. long and long_offset use the arm's ramble "
+        "rate, long_high_lr three times it",
+        "file": f"benchmarks/results/{LEARNING_RATES_FILE} (written by --record-rates from the pilots' JSONs "
+        "training_study2_pilot_<task>.json; the pilot runs are committed under training_study2/pilot_*)",
+        "target_rule": "long_right's target: the held-out score the tuned grpo_N4 reached at two thirds of the "
+        "budget in its pilot run, rounded down to a multiple of 0.05 (the first study's rule for its targets); "
+        "long, long_offset, long_high_lr and short keep the first study's 0.75",
+    },
+    "eval_samples": 8,
+    "evaluation": "the held-out score is the mean reward of 8 completions sampled at temperature 1 per held-out "
+    "pattern (20 patterns: 160 samples), generator seeded by the seed; at the start, every eval_every_tokens "
+    "completion tokens (at the first step end past each multiple) and at the budget. Each evaluation also records "
+    "its sampling SE given the policy (study_task.sampling_se: the patterns as strata); the collapse rule's noise "
+    "floor is the SE of the final score, per run and its median per cell",
+    "metrics": PREREGISTRATION["metrics"],
+    "collapse": PREREGISTRATION["collapse"],
+    "references": ["grpo_N4", "grpo_unscaled_N4", "otb_ref"],
+    "analysis": "per cell, 10 paired seeds per arm; per metric (tokens_to_target, auc, final) and for every arm "
+    "against each reference (TRL's default GRPO grpo_N4, unscaled GRPO, otb_ref): the per-seed difference arm "
+    "minus reference over the seeds where both finished, its mean with a paired percentile bootstrap 95% interval "
+    "(10,000 resamples of the seeds, generator seed 0); 'worse' on auc means the interval lies below 0. Collapse: "
+    "the rate per arm with a Wilson 95% interval. long_offset: the offset-dependent arms' runs there are compared "
+    "with the invariant arms' long runs, which equal theirs under the offset by the law (checked on 2 seeds)",
+    "per_step": "grad_norm (before clipping), the reward's std, completion lengths (mean, min, max, mean of "
+    "terminated ones), OTB's advantage std, and study/lone_token_frac: the share of valid completion tokens at "
+    "positions where no other member of the group is active (where a fallback baseline applies), computed in the "
+    "harness from the gathered batch for every arm",
+    "offset_check": "for each offset-invariant arm and each of long_offset's invariant_seeds, the whole run equals "
+    "its long run: the held-out curve (tokens, score, SE), the tokens, every logged step value except the reward "
+    "(which is the long run's + the offset, exactly) and the parameters' movement, bit for bit. A failure stops "
+    "the study's command with an error; for otb_ref the difference is reported",
+    "decision_cells": ["long", "long_right", "short", "long_high_lr"],
+    "decision_rule": "the default becomes the shift-invariant OTB candidate (CANDIDATES' two and the scaled one) "
+    "with the highest mean auc over long and long_right, provided that in no decision cell (long, long_right, "
+    "short, long_high_lr: long_offset's invariant runs equal long's) it is worse on auc than TRL's default GRPO "
+    "(paired 95% interval below 0), and that it has the paired comparison in each. A scaled candidate may win; the "
+    "default's scale_rewards then follows it. If no candidate qualifies, the default is the candidate with the "
+    "lowest MSE (CANDIDATES' numbers), and the docs say plainly that OTB did not match GRPO in training. The "
+    "reference rule (otb_ref) is never the default: it breaks shift invariance; it stays an option, its measured "
+    "behaviour documented (decide_default)",
+}
+STUDY2["cost"] = {
+    "estimate": "cost_plan(): the first study's median CPU seconds per run (benchmarks/results/training_study.json; "
+    "long runs 50-105 CPU s by arm, short 8-14 s), an OTB candidate like otb_N4, rloo_N4 like grpo_unscaled_N4, "
+    "long_right and long_offset like long, +10% for 8 evaluation samples instead of 4; a test keeps these numbers "
+    "equal to cost_plan's",
+    "study_runs": {"long": 90, "long_offset": 26, "long_right": 90, "short": 90, "long_high_lr": 90},
+    "pilot_runs": {"ramble": 36, "long_right": 36, "copy": 36},
+    "runs": 494,
+    "cpu_hours": 10.05,
+    "wall_hours_at_2_jobs": 5.02,
+    "how": "2 runs in parallel (--jobs 2, the default) at nice -n 19, one thread each (--threads 1); each run "
+    "cached as its own JSON and committed as it finishes; the same command resumes; --summary rebuilds the "
+    "summary from what has finished",
+    "cut_order": [
+        "1. rloo_N4 outside long: 40 runs (pilots included), 2398 CPU s",
+        "2. grpo_N16 outside long and long_high_lr: 30 runs, 993 CPU s",
+        "3. seeds of short, from seed 9 down: 9 runs, 123 CPU s per seed",
+    ],
+    "budget": "about 6 hours of wall time in all, spread over sessions: the plan fits at 5.0 h on two free cores; "
+    "on a shared machine, cut in the order above (cuts 1 and 2 bring it to 4.6 h)",
+}
+
+QUICK2 = {
+    "seeds": [0],
+    "cells": {
+        "long": dict(_RAMBLE, token_budget=0, eval_every_tokens=0, target=0.5, reward_offset=0.0),
+        "long_offset": dict(_RAMBLE, token_budget=0, eval_every_tokens=0, target=0.5, reward_offset=-0.5),
+        "long_right": dict(
+            _RAMBLE, task="long_right", token_budget=0, eval_every_tokens=0, target=0.5, reward_offset=0.0
+        ),
+    },
+    "cell_arms": {"long_right": ["grpo_N4", f"{CANDIDATES['best']}_scaled"]},
+    "invariant_arms_offset": ["grpo_N4", f"{CANDIDATES['best']}_scaled"],
+    "learning_rate": 1e-3,
+    "eval_samples": 2,
+    "warm_start_steps": 3,
+    "max_steps": 2,
+}
+PILOT_CELL = {"ramble": "long", "long_right": "long_right", "copy": "short"}
+
+
+def study2_plan(cells: dict, arms: list[str], seeds: list[int], quick: bool = False) -> list[tuple[str, str, int]]:
+    """(cell, arm, seed) of every run the study (or its quick mode) makes, by the pre-registered cell rules."""
+    plan = []
+    for seed in seeds:
+        for cell, spec in cells.items():
+            for arm in arms:
+                if quick and arm not in QUICK2["cell_arms"].get(cell, arms):
+                    continue
+                if spec.get("reward_offset", 0.0) != 0.0 and offset_invariant(STUDY2["arms"][arm]):
+                    invariant = QUICK2["invariant_arms_offset"] if quick else None
+                    seeds_ok = seeds if quick else spec["invariant_seeds"]
+                    if seed not in seeds_ok or (invariant is not None and arm not in invariant):
+                        continue
+                plan.append((cell, arm, seed))
+    return plan
+
+
+def load_rates(out: Path) -> dict:
+    path = Path(out) / LEARNING_RATES_FILE
+    return json.loads(path.read_text()) if path.exists() else {"rates": {}, "targets": {}}
+
+
+def cell_spec2(cell: str, spec: dict, arm: str, rates: dict, quick: bool = False) -> dict:
+    """The cell as one arm runs it: its learning rate (the arm's tuned rate of the cell's task, times lr_factor),
+    the target, the reward quantum and the evaluation samples."""
+    resolved = dict(spec, reward_quantum=STUDY2["training_reward"]["quantum"])
+    resolved["eval_samples"] = QUICK2["eval_samples"] if quick else STUDY2["eval_samples"]
+    if quick:
+        return dict(resolved, learning_rate=QUICK2["learning_rate"])
+    if "learning_rate" in spec:  # a pilot cell: the rate is the cell's
+        return resolved
+    lr = rates["rates"].get(spec["task"], {}).get(arm)
+    if lr is None:
+        raise SystemExit(
+            f"no tuned learning rate for {arm} on {spec['task']} in {LEARNING_RATES_FILE}: run "
+            f"--study 2 --pilot --task {spec['task']} --arms {arm}, then --study 2 --record-rates"
+        )
+    resolved["learning_rate"] = lr * spec.get("lr_factor", 1.0)
+    if resolved["target"] is None:
+        resolved["target"] = rates["targets"].get(cell)
+    return resolved
+
+
+def pilot_cells2(task: str) -> dict:
+    base = STUDY2["cells"][PILOT_CELL[task]]
+    return {f"pilot_{task}_lr{lr:g}": dict(base, learning_rate=lr) for lr in STUDY2["learning_rates"]["grid"]}
+
+
+def jobs_to_run2(args, cells: dict, rates: dict) -> list[dict]:
+    """Every planned (cell, arm, seed) without a finished JSON, interleaved by seed."""
+    import study_task
+
+    jobs = []
+    for cell, arm, seed in study2_plan(cells, args.arms, args.seeds, quick=args.quick):
+        if run_path(args.out, cell, arm, seed, STUDY2_FOLDER).exists():
+            continue
+        spec = cell_spec2(cell, cells[cell], arm, rates, quick=args.quick)
+        jobs.append(
+            {
+                "study": 2,
+                "folder": STUDY2_FOLDER,
+                "cell": cell,
+                "cell_spec": spec,
+                "arm": arm,
+                "arm_spec": STUDY2["arms"][arm],
+                "seed": seed,
+                "warm_start_tasks": _warm_start_tasks(spec["task"], study_task),
+                "threads": args.threads,
+                "cache": str(args.cache),
+                "workdir": args.workdir,
+                "warm_start_steps": args.warm_start_steps,
+                "max_steps": args.max_steps,
+            }
+        )
+    return jobs
+
+
+def _warm_start_tasks(task: str, study_task) -> tuple:
+    return study_task.WARM_START_TASKS if task in study_task.WARM_START_TASKS else (task, "copy")
+
+
+# --- analysis -----------------------------------------------------------------------------------------------------
+
+
+def offset_check(base: dict, shifted: dict, offset: float) -> dict:
+    """Whether a run with every training reward + ``offset`` equals its run without (module doc, STUDY2's
+    offset_check): {"equal": bool, "differences": the first few, as text}."""
+    differences = []
+
+    def same(a, b) -> bool:
+        return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+    for i, (a, b) in enumerate(zip(base["curve"], shifted["curve"])):
+        for key in sorted(set(a) | set(b)):
+            if not same(a.get(key), b.get(key)):
+                differences.append(f"evaluation {i} {key}: {a.get(key)!r} vs {b.get(key)!r}")
+    if len(base["curve"]) != len(shifted["curve"]):
+        differences.append(f"evaluations: {len(base['curve'])} vs {len(shifted['curve'])}")
+    for key in ("tokens", "weights_moved"):
+        if not same(base[key], shifted[key]):
+            differences.append(f"{key}: {base[key]!r} vs {shifted[key]!r}")
+    if len(base["steps"]) != len(shifted["steps"]):
+        differences.append(f"steps: {len(base['steps'])} vs {len(shifted['steps'])}")
+    for i, (a, b) in enumerate(zip(base["steps"], shifted["steps"])):
+        for key in sorted(set(a) | set(b)):
+            expected = a.get(key)
+            if key == "reward" and expected is not None:
+                expected = expected + offset
+            if not same(expected, b.get(key)):
+                differences.append(f"step {i + 1} {key}: {expected!r} vs {b.get(key)!r}")
+    return {"equal": not differences, "differences": differences[:8], "count": len(differences)}
+
+
+def run_metrics2(run: dict, cell: dict) -> dict:
+    """run_metrics, with the final score's sampling SE (the collapse rule's noise floor) and per-step medians."""
+    spec = dict(cell, target=cell["target"] if cell.get("target") is not None else math.inf)
+    out = run_metrics(run, spec)
+    out["final_se"] = run["curve"][-1].get("se", float("nan"))
+    for key, name in (
+        ("study/lone_token_frac", "lone_token_frac"),
+        ("completions/mean_length", "mean_length"),
+        ("reward_std", "reward_std"),
+    ):
+        values = [s[key] for s in run["steps"] if s.get(key) is not None]
+        out[f"{name}_median"] = statistics.median(values) if values else float("nan")
+    return out
+
+
+def _median(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+def summarise_cell2(runs: list[dict], cell: dict, arms: list[str], references: list[str]) -> dict:
+    """Per arm: the first study's statistics, the learning rate, the noise floor and per-step medians; per arm and
+    reference: the paired differences arm minus reference."""
+    metrics = {(r["arm"], r["seed"]): run_metrics2(r, cell) for r in runs}
+    lrs = {r["arm"]: r.get("learning_rate") for r in runs}
+    base = summarise_cell(runs, cell, arms)
+    out = {"arms": base["arms"], "paired": {}}
+    for arm, stats in out["arms"].items():
+        mine = [m for (a, _), m in sorted(metrics.items()) if a == arm]
+        stats.update(
+            learning_rate=lrs.get(arm),
+            final_se_median=_median(m["final_se"] for m in mine),
+            lone_token_frac_median=_median(m["lone_token_frac_median"] for m in mine),
+            mean_length_median=_median(m["mean_length_median"] for m in mine),
+            reward_std_median=_median(m["reward_std_median"] for m in mine),
+        )
+    for ref in references:
+        for arm in arms:
+            seeds = sorted(s for (a, s) in metrics if a == arm and (ref, s) in metrics)
+            if arm == ref or not seeds:
+                continue
+            out["paired"][f"{arm}-{ref}"] = {
+                name: paired_bootstrap([metrics[(arm, s)][name] - metrics[(ref, s)][name] for s in seeds])
+                for name in ("tokens_to_target", "auc", "final")
+            }
+    return out
+
+
+def shift_invariant_candidates(arms: dict = None) -> list[str]:
+    """The arms the decision rule chooses among: OTB arms whose advantages no reward offset changes."""
+    arms = STUDY2["arms"] if arms is None else arms
+    return [a for a, spec in arms.items() if spec["advantage_estimator"] == "otb" and offset_invariant(spec)]
+
+
+def decide_default(summary: dict, candidates: dict = CANDIDATES, arms: dict = None) -> dict:
+    """The pre-registered decision rule (STUDY2["decision_rule"]) applied to a summary's cells.
+
+    Returns {"arm", "config" (the OTBConfig fields the default takes), "qualified", "reasons", "statement"}."""
+    arms = STUDY2["arms"] if arms is None else arms
+    cells = summary["cells"]
+    reasons, qualified = [], []
+    for arm in shift_invariant_candidates(arms):
+        worse, missing = [], []
+        for cell in STUDY2["decision_cells"]:
+            auc = cells.get(cell, {}).get("paired", {}).get(f"{arm}-grpo_N4", {}).get("auc")
+            if auc is None:
+                missing.append(cell)
+            elif auc["ci"][1] < 0:
+                worse.append(f"{cell} ({auc['mean']:+.3f} [{auc['ci'][0]:+.3f}, {auc['ci'][1]:+.3f}])")
+        if missing:
+            reasons.append(f"{arm}: no paired comparison with grpo_N4 in {', '.join(missing)}")
+        elif worse:
+            reasons.append(f"{arm}: worse on auc than TRL's default GRPO in {', '.join(worse)}")
+        else:
+            mean = statistics.fmean(cells[c]["arms"][arm]["auc_mean"] for c in ("long", "long_right"))
+            qualified.append((mean, arm))
+            reasons.append(
+                f"{arm}: not worse than TRL's default GRPO in any cell; mean auc over long and long_right {mean:.3f}"
+            )
+    statement = None
+    if qualified:
+        best_auc, chosen = max(qualified)
+        reasons.append(f"chosen: {chosen}, the highest mean auc over long and long_right ({best_auc:.3f})")
+    else:
+        known = {a: c["mse"] for a, c in candidates["arms"].items() if c.get("mse") is not None}
+        chosen = min(known, key=known.get) if known else candidates["best"]
+        reasons.append(
+            f"no candidate qualifies; chosen: {chosen}, the lowest MSE at N=4 on ramble"
+            + (f" ({known[chosen]:.4g})" if known else " (CANDIDATES' best: its numbers are not filled)")
+        )
+        statement = (
+            "OTB did not match TRL's default GRPO in training: no shift-invariant OTB candidate was at "
+            "least as good on auc in every cell; the default is the candidate with the lowest gradient MSE."
+        )
+    spec = arms[chosen]
+    assert offset_invariant(spec), "the reference rule is never the default"
+    config = {
+        "advantage_estimator": "otb",
+        "otb_tail": spec["otb_tail"],
+        "otb_leave_one_out": spec["otb_leave_one_out"],
+        "scale_rewards": spec["harness_scale"] or "none",
+    }
+    return {
+        "arm": chosen,
+        "config": config,
+        "qualified": [a for _, a in sorted(qualified, reverse=True)],
+        "reasons": reasons,
+        "statement": statement,
+    }
+
+
+def summarise2(out: Path, cells: dict, meta: dict, rates: dict) -> dict:
+    """The second study's summary (or a pilot's), from the finished runs only."""
+    from common import write_json
+
+    runs = {}
+    for cell in cells:
+        folder = Path(out) / STUDY2_FOLDER / cell
+        runs[cell] = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
+    arms = list(STUDY2["arms"])
+    summary = {"meta": meta, "preregistration": STUDY2, "rates": rates, "cells": {}, "offset_check": {}}
+    for cell, spec in cells.items():
+        spec = dict(spec, target=spec["target"] if spec.get("target") is not None else rates["targets"].get(cell))
+        shifted = spec.get("reward_offset", 0.0) != 0.0
+        mine = runs[cell]
+        if shifted:  # the offset-dependent arms' own runs; the invariant arms' long runs (equal by the law)
+            mine = [r for r in runs[cell] if not offset_invariant(STUDY2["arms"][r["arm"]])]
+            mine += [r for r in runs.get("long", []) if offset_invariant(STUDY2["arms"][r["arm"]])]
+        summary["cells"][cell] = summarise_cell2(mine, spec, arms, STUDY2["references"])
+        if shifted and "long" in cells:
+            base = {(r["arm"], r["seed"]): r for r in runs["long"]}
+            for r in runs[cell]:
+                if (r["arm"], r["seed"]) in base:
+                    check = offset_check(base[(r["arm"], r["seed"])], r, spec["reward_offset"])
+                    check["invariant"] = offset_invariant(STUDY2["arms"][r["arm"]])
+                    summary["offset_check"][f"{r['arm']}-s{r['seed']}"] = check
+    pilot = meta.get("pilot")
+    if pilot:
+        summary["chosen"] = choose_rates(summary["cells"])
+    else:
+        summary["decision"] = decide_default(summary) if _has_decision_data(summary) else None
+    stem = (
+        "training_study2_quick" if meta.get("quick") else f"training_study2_pilot_{pilot}" if pilot else STUDY2_FOLDER
+    )
+    write_json(Path(out) / f"{stem}.json", summary)
+    try:
+        plot(runs, {c: dict(s, learning_rate=None) for c, s in cells.items()}, Path(out) / f"{stem}.png", arms)
+    except ImportError as error:
+        print(error)
+    return summary
+
+
+def _has_decision_data(summary: dict) -> bool:
+    return all(summary["cells"].get(c, {}).get("arms") for c in ("long", "long_right"))
+
+
+def choose_rates(pilot_cells: dict) -> dict:
+    """Per arm, the pilot rate with the highest auc (a tie: the lower rate), from a pilot's summarised cells."""
+    by_arm = {}
+    for cell, res in pilot_cells.items():
+        lr = float(cell.rsplit("_lr", 1)[1])
+        for arm, stats in res["arms"].items():
+            by_arm.setdefault(arm, {})[lr] = stats["auc_mean"]
+    return {arm: min(aucs, key=lambda lr: (-aucs[lr], lr)) for arm, aucs in by_arm.items()}
+
+
+def record_rates(out: Path) -> dict:
+    """The rates file from every pilot summary present: the chosen rate per task and arm, each arm's auc over the
+    grid, and long_right's target by STUDY2's target rule."""
+    from common import write_json
+
+    record = {"rule": STUDY2["learning_rates"]["rule"], "rates": {}, "auc": {}, "targets": {}, "pilots": []}
+    for task in PILOT_CELL:
+        path = Path(out) / f"training_study2_pilot_{task}.json"
+        if not path.exists():
+            continue
+        pilot = json.loads(path.read_text())
+        record["pilots"].append({"file": path.name, "command": pilot["meta"]["command"]})
+        record["rates"][task] = pilot["chosen"]
+        record["auc"][task] = {
+            arm: {
+                cell.rsplit("_lr", 1)[1]: res["arms"][arm]["auc_mean"]
+                for cell, res in pilot["cells"].items()
+                if arm in res["arms"]
+            }
+            for arm in pilot["chosen"]
+        }
+        if task == "long_right" and "grpo_N4" in pilot["chosen"]:
+            lr = pilot["chosen"]["grpo_N4"]
+            run = json.loads(run_path(out, f"pilot_long_right_lr{lr:g}", "grpo_N4", 100, STUDY2_FOLDER).read_text())
+            budget = STUDY2["cells"]["long_right"]["token_budget"]
+            record["targets"]["long_right"] = math.floor(score_at(run["curve"], budget * 2 / 3) / 0.05) * 0.05
+    write_json(Path(out) / LEARNING_RATES_FILE, record)
+    return record
+
+
+# --- cost ---------------------------------------------------------------------------------------------------------
+
+COST_ASSUMPTIONS = {
+    "source": "benchmarks/results/training_study.json: the first study's median CPU seconds per run, by cell and arm",
+    "like": {
+        "otb_ref": "otb_N4",
+        "candidates and the scaled arm": "otb_N4",
+        "rloo_N4": "grpo_unscaled_N4",
+        "long_right": "long (same budget, answers of similar length)",
+        "long_offset": "long",
+    },
+    "eval_factor": 1.1,
+    "eval_note": "8 evaluation samples per pattern instead of 4: an evaluation is about one batched generation "
+    "(its cost is mostly the per-token overhead of generate, not the batch), about 11 per run against 50-200 "
+    "training steps; 10% is allowed for it",
+}
+
+
+def cost_plan(first_study: dict, jobs: int = 2) -> dict:
+    """Runs and estimated CPU seconds of the pilots and the study, per cell, and what each cut saves."""
+    measured = first_study["cells"]
+    like_arm = {"otb_ref": "otb_N4", "rloo_N4": "grpo_unscaled_N4"}
+    like_cell = {"long_right": "long", "long_offset": "long"}
+
+    def cpu(cell: str, arm: str) -> float:
+        source = like_arm.get(arm, arm if arm in PREREGISTRATION["arms"] else "otb_N4")
+        return (
+            measured[like_cell.get(cell, cell)]["arms"][source]["cpu_seconds_median"] * COST_ASSUMPTIONS["eval_factor"]
+        )
+
+    arms = list(STUDY2["arms"])
+    plan = study2_plan(STUDY2["cells"], arms, STUDY2["seeds"])
+    cells = {}
+    for cell, arm, _ in plan:
+        entry = cells.setdefault(cell, {"runs": 0, "cpu_seconds": 0.0})
+        entry["runs"] += 1
+        entry["cpu_seconds"] += cpu(cell, arm)
+    pilots = {}
+    for task, cell in PILOT_CELL.items():
+        n = len(STUDY2["learning_rates"]["grid"])
+        pilots[task] = {"runs": n * len(arms), "cpu_seconds": n * sum(cpu(cell, a) for a in arms)}
+    study_cpu = sum(c["cpu_seconds"] for c in cells.values())
+    pilot_cpu = sum(p["cpu_seconds"] for p in pilots.values())
+
+    def saved(keep) -> dict:
+        """What a cut saves: its study runs, and the pilots of an arm on a task left with no run of that arm."""
+        gone = [(c, a) for c, a, _ in plan if not keep(c, a)]
+        pilots_gone = [
+            (task, a)
+            for task, cell in PILOT_CELL.items()
+            for a in arms
+            if not any(keep(c, a) for c, spec in STUDY2["cells"].items() if spec["task"] == task)
+        ]
+        n = len(STUDY2["learning_rates"]["grid"])
+        seconds = sum(cpu(c, a) for c, a in gone) + sum(n * cpu(PILOT_CELL[t], a) for t, a in pilots_gone)
+        return {"runs": len(gone) + n * len(pilots_gone), "cpu_seconds": round(seconds)}
+
+    cuts = [
+        ("1. rloo_N4 outside long", saved(lambda c, a: not (a == "rloo_N4" and c != "long"))),
+        (
+            "2. grpo_N16 outside long and long_high_lr",
+            saved(lambda c, a: not (a == "grpo_N16" and c not in ("long", "long_high_lr"))),
+        ),
+        (
+            "3. seeds of short (each seed)",
+            {"runs": len(arms), "cpu_seconds": round(sum(cpu("short", a) for a in arms))},
+        ),
+    ]
+    total = study_cpu + pilot_cpu
+    return {
+        "assumptions": COST_ASSUMPTIONS,
+        "study": {c: {"runs": v["runs"], "cpu_seconds": round(v["cpu_seconds"])} for c, v in cells.items()},
+        "pilots": {t: {"runs": v["runs"], "cpu_seconds": round(v["cpu_seconds"])} for t, v in pilots.items()},
+        "runs": len(plan) + sum(p["runs"] for p in pilots.values()),
+        "cpu_hours": round(total / 3600, 2),
+        "wall_hours_at_2_jobs": round(total / 3600 / jobs, 2),
+        "cut_order": dict(cuts),
+    }
+
+
+def parse_study2(args, parser):
+    """--study 2's arguments: its arms, cells, seeds and modes."""
+    import study_task
+
+    args.arms = args.arms or list(STUDY2["arms"])
+    unknown = set(args.arms) - set(STUDY2["arms"])
+    if unknown:
+        parser.error(f"unknown study-2 arms {sorted(unknown)}; choose among {list(STUDY2['arms'])}")
+    if args.pilot is not None:
+        if args.pilot or args.task is None:
+            parser.error("study 2's --pilot takes no rates (the grid is pre-registered) and needs --task")
+        cells = pilot_cells2(args.task)
+    else:
+        cells = QUICK2["cells"] if args.quick else STUDY2["cells"]
+    unknown = set(args.cells or ()) - set(cells)
+    if unknown:
+        parser.error(f"unknown cells {sorted(unknown)}; choose among {sorted(cells)}")
+    args.all_cells = cells
+    args.cell_specs = {c: cells[c] for c in (args.cells or cells)}
+    default_seeds = [STUDY2["learning_rates"]["pilot_seed"]] if args.pilot is not None else STUDY2["seeds"]
+    args.seeds = args.seeds if args.seeds is not None else QUICK2["seeds"] if args.quick else default_seeds
+    args.warm_start_steps = QUICK2["warm_start_steps"] if args.quick else study_task.WARM_START["steps"]
+    args.max_steps = QUICK2["max_steps"] if args.quick else None
+    args.warm_start_task_sets = sorted({_warm_start_tasks(c["task"], study_task) for c in args.cell_specs.values()})
+    return args
+
+
+def main2(args) -> dict | None:
+    """--study 2: the plan, the rates file, or the runs not yet done and the summary."""
+    from common import command
+
+    meta = {
+        "command": command("training_study.py"),
+        "study": 2,
+        "quick": args.quick,
+        "pilot": args.task if args.pilot is not None else None,
+    }
+    if args.plan:
+        first = json.loads((Path(args.out) / "training_study.json").read_text())
+        return print(json.dumps(cost_plan(first), indent=1))
+    if args.record_rates:
+        return print(json.dumps(record_rates(args.out), indent=1))
+    if args.warm_start_only:
+        return warm_up(args)
+    rates = load_rates(args.out)
+    if not args.summary:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as workdir:
+            args.workdir = workdir
+            jobs = [dict(job, out=str(args.out)) for job in jobs_to_run2(args, args.cell_specs, rates)]
+            warm_up(args)
+            print(f"{len(jobs)} runs to do", flush=True)
+            if args.jobs == 1:
+                for job in jobs:
+                    _report(_run_and_store(job), args)
+            else:
+                import multiprocessing as mp
+
+                with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
+                    for run in pool.imap_unordered(_run_and_store, jobs):
+                        _report(run, args)
+    cells = args.cell_specs if args.pilot is not None else args.all_cells
+    summary = summarise2(args.out, cells, meta, rates)
+    print_summary2(summary)
+    failed = [k for k, v in summary["offset_check"].items() if v["invariant"] and not v["equal"]]
+    if failed:
+        raise SystemExit(f"offset check FAILED: {failed} differ from their long runs (summary's offset_check)")
+    return summary
+
+
+def print_summary2(summary: dict) -> None:
+    for cell, res in summary["cells"].items():
+        for arm, a in res["arms"].items():
+            print(
+                f"{cell:16s} {arm:24s} runs {a['runs']:2d} lr {a['learning_rate'] or 0:.0e} auc {a['auc_mean']:.3f} "
+                f"final {a['final_mean']:.3f} (SE {a['final_se_median']:.3f}) collapse {a['collapse_rate']:.2f} "
+                f"lone {a['lone_token_frac_median']:.3f}"
+            )
+        for pair, metrics in res["paired"].items():
+            if pair.endswith("-grpo_N4"):
+                v = metrics["auc"]
+                print(f"{cell:16s} {pair:33s} auc {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
+    for key, check in summary["offset_check"].items():
+        verdict = "equal" if check["equal"] else f"differs ({check['count']} values)"
+        print(f"offset check {key}: {verdict}{'' if check['invariant'] else ' (offset-dependent arm)'}")
+    if summary.get("chosen"):
+        print(f"pilot: chosen rates {summary['chosen']}")
+    if summary.get("decision"):
+        print("decision:", summary["decision"]["arm"], summary["decision"]["config"])
+        for reason in summary["decision"]["reasons"]:
+            print("  ", reason)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, the short cell, 2 steps per arm (the tests)")
+    parser.add_argument("--study", type=int, choices=[1, 2], default=1, help="the first study (default) or the second")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps per arm (the tests)")
     parser.add_argument("--cells", nargs="+", default=None, help="cells to run (default: all)")
-    parser.add_argument("--arms", nargs="+", default=list(PREREGISTRATION["arms"]), choices=PREREGISTRATION["arms"])
+    parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all of the study)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the pre-registered 10")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -559,13 +1304,24 @@ def parse_args(argv=None):
     parser.add_argument(
         "--pilot",
         type=float,
-        nargs="+",
+        nargs="*",
         default=None,
         metavar="LR",
-        help="the learning-rate pilot: --pilot-cell at each LR, for grpo_N4 on seed 100 (PREREGISTRATION's cell_notes)",
+        help="the learning-rate pilot. Study 1: --pilot-cell at each LR, for grpo_N4 on seed 100 (PREREGISTRATION's "
+        "cell_notes). Study 2: no LR (the pre-registered grid), --task and --arms",
     )
-    parser.add_argument("--pilot-cell", default=PILOT["cell"], help="the cell of --pilot (default: long)")
+    parser.add_argument("--pilot-cell", default=PILOT["cell"], help="the cell of study 1's --pilot (default: long)")
+    parser.add_argument("--task", default=None, choices=list(PILOT_CELL), help="study 2's --pilot: the task")
+    parser.add_argument("--record-rates", action="store_true", help="study 2: the pilots' chosen rates -> rates file")
+    parser.add_argument("--plan", action="store_true", help="study 2: the runs and their estimated CPU time")
     args = parser.parse_args(argv)
+    args.out = Path(args.out)
+    if args.study == 2:
+        return parse_study2(args, parser)
+    if args.pilot is not None and not args.pilot:
+        parser.error("study 1's --pilot needs its learning rates")
+    if args.arms is not None and set(args.arms) - set(PREREGISTRATION["arms"]):
+        parser.error(f"unknown arms {sorted(set(args.arms) - set(PREREGISTRATION['arms']))}")
     cells = (
         pilot_cells(args.pilot, args.pilot_cell)
         if args.pilot
@@ -573,9 +1329,9 @@ def parse_args(argv=None):
         if args.quick
         else PREREGISTRATION["cells"]
     )
+    args.arms = args.arms or (PILOT["arms"] if args.pilot else list(PREREGISTRATION["arms"]))
     if args.pilot:
         args.seeds = args.seeds or PILOT["seeds"]
-        args.arms = PILOT["arms"] if args.arms == list(PREREGISTRATION["arms"]) else args.arms
     unknown = set(args.cells or ()) - set(cells)
     if unknown:
         parser.error(f"unknown cells {sorted(unknown)}; choose among {sorted(cells)}")
@@ -593,6 +1349,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.study == 2:
+        return main2(args)
     from common import command
 
     meta = {
