@@ -21,6 +21,9 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
 @pytest.mark.parametrize(
     "overrides,needle",
     [
+        ({"temperature": 0.0}, "Set temperature > 0"),
+        ({"temperature": -0.5}, "greedy decoding"),
+        ({"temperature": float("nan")}, "Set temperature > 0"),
         ({"num_generations": 1}, "num_generations >= 2"),
         ({"num_generations_eval": 0}, "num_generations_eval"),
         ({"advantage_estimator": "ppo"}, "unknown advantage_estimator"),

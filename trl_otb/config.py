@@ -153,6 +153,13 @@ class OTBConfig(GRPOConfig):
             _fail(
                 f"otb_fidelity_min_energy_spearman is a correlation in [-1, 1], got {self.otb_fidelity_min_energy_spearman}."
             )
+        if not self.temperature > 0:
+            _fail(
+                f"temperature={self.temperature!r}: training samples completions from softmax(z / temperature) and "
+                "scores their tokens under that distribution (TRL's log-probs, and OTB's proxy 1 - 2 pi(y) + sum pi^2), "
+                "and temperature <= 0 (greedy decoding) has none. Set temperature > 0: 1.0 (TRL's default) samples "
+                "the model as it is, lower values (e.g. 0.7) closer to greedy."
+            )
         if self.num_generations is not None and self.num_generations < 2:
             _fail(
                 f"num_generations={self.num_generations}: OTB compares completions of the same prompt, so training "
