@@ -85,15 +85,22 @@ def test_trainer_advantages_equal_contract_on_independent_inputs(
     assert (batch["advantages"][mask == 0] == 0).all()
 
 
-def test_grpo_estimator_reproduces_trl_advantages(tiny_model_dir, tmp_path):
-    reward = RecordingReward()
-    args = make_args(tmp_path, advantage_estimator="grpo", scale_rewards="group")
+@pytest.mark.parametrize("scale_rewards", [None, "none"])
+def test_grpo_estimator_reproduces_trl_advantages(tiny_model_dir, tmp_path, scale_rewards):
+    """'grpo' is TRL's GRPO: std-scaled per group when scale_rewards is left alone (GRPOConfig's default), unscaled
+    when asked."""
+    reward = RecordingReward(distinct=True)
+    overrides = {} if scale_rewards is None else {"scale_rewards": scale_rewards}
+    args = make_args(tmp_path, advantage_estimator="grpo", **overrides)
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
+    scale = scale_rewards or "group"
+    assert trainer.scale_rewards == scale  # what TRL's own advantage code reads
     batch = trainer._generate_and_score_completions(generation_inputs())
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
-    mask = batch["completion_mask"]
-    ours = grpo_advantages(rewards, torch.ones(mask.shape), mask, torch.arange(len(rewards)) // N, scale="group")
-    assert torch.allclose(batch["advantages"], ours, atol=1e-5)
+    mask, group_ids = batch["completion_mask"], torch.arange(len(rewards)) // N
+    ours = {s: grpo_advantages(rewards, torch.ones(mask.shape), mask, group_ids, scale=s) for s in ("group", "none")}
+    assert not torch.allclose(ours["group"], ours["none"], atol=1e-3)  # precondition: the two scalings differ here
+    assert torch.allclose(batch["advantages"], ours[scale], atol=1e-5)
 
 
 def test_all_unscorable_rewards_give_zero_advantages_and_finite_loss(tiny_model_dir, tmp_path):
@@ -134,7 +141,7 @@ class InfiniteOnRows(RecordingReward):
 @pytest.mark.parametrize("estimator", ["otb", "grpo"])
 def test_infinite_rewards_are_unscorable_warned_and_counted(tiny_model_dir, tmp_path, estimator):
     reward = InfiniteOnRows()
-    args = make_args(tmp_path, advantage_estimator=estimator)
+    args = make_args(tmp_path, advantage_estimator=estimator, scale_rewards="none")
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=[reward, RecordingReward()], args=args, train_dataset=prompts_dataset()
     )

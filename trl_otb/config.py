@@ -57,9 +57,10 @@ class OTBConfig(GRPOConfig):
             this (measured 0.91-0.93 on SmolLM2 full, LoRA and QLoRA; see docs/fidelity.md).
         num_generations (`int`, *optional*, defaults to `4`):
             Group size N. OTB needs N >= 2; the paper reports N=4 matching baselines at N=32.
-        scale_rewards (`str`, *optional*, defaults to `"none"`):
-            As in GRPOConfig, but OTB advantages are raw (no std division), so only `"grpo"` accepts
-            another value.
+        scale_rewards (`str` or `None`, *optional*, defaults to `None`):
+            As in GRPOConfig (`"group"`, `"batch"`, `"none"`). `None` follows `advantage_estimator`: `"group"`,
+            GRPOConfig's default, for `"grpo"` (TRL's GRPO as GRPOTrainer runs it); `"none"` for the others, whose
+            advantages are raw (no std division) and which refuse any other value.
     """
 
     advantage_estimator: str = field(
@@ -118,16 +119,19 @@ class OTBConfig(GRPOConfig):
         default=4,
         metadata={"help": "Number of completions per prompt (group size N). OTB needs N >= 2."},
     )
-    scale_rewards: str = field(
-        default="none",
+    scale_rewards: str | None = field(
+        default=None,
         metadata={
-            "help": "Reward scaling as in GRPOConfig ('none', 'group', 'batch'). OTB advantages are raw, so only "
-            "advantage_estimator='grpo' accepts a value other than 'none'."
+            "help": "Reward scaling as in GRPOConfig ('group', 'batch', 'none'). None follows advantage_estimator: "
+            "'group' (GRPOConfig's default) for 'grpo', 'none' for the others, whose advantages are raw and which "
+            "accept no other value."
         },
     )
 
     def __post_init__(self):
         self._validate_otb_fields()
+        if self.scale_rewards is None:  # resolved before TRL reads it: TRL's trainer knows no None
+            self.scale_rewards = "group" if self.advantage_estimator == "grpo" else "none"
         super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
         self._validate_against_grpo()
 
