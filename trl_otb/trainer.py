@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
+from datasets import IterableDataset
 from huggingface_hub import ModelCard
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -41,6 +42,7 @@ from .core import (
     uniform_proxy,
 )
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
+from .inputs import EmptyTrainingGuard, check_batch_prompts, check_datasets, checked_reward_funcs
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
@@ -108,7 +110,14 @@ class OTBTrainer(GRPOTrainer):
                 f"OTBTrainer needs an OTBConfig, got a {kind}. Build it with trl_otb.OTBConfig(...): it takes every "
                 "GRPOConfig argument plus the OTB options."
             )
+        # An environment may supply the prompts (TRL then fills in missing ones): only the rows are checked.
+        self._otb_prompts_required = kwargs.get("environment_factory") is None
+        check_datasets(kwargs.get("train_dataset"), kwargs.get("eval_dataset"), args, self._otb_prompts_required)
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        # Each reward function's output is checked before TRL reads it; TRL's names for them stay as they are.
+        self.reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
+        if isinstance(self.train_dataset, IterableDataset):
+            self.add_callback(EmptyTrainingGuard())
         # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
         # gradients through them are wrong from then on: keep them on the differentiable path.
         guard_4bit_cpu_repack(self.model)
@@ -147,6 +156,8 @@ class OTBTrainer(GRPOTrainer):
     # --- one generation batch: TRL scores it while the capture is open, then OTB replaces its advantages ---------
 
     def _generate_and_score_completions(self, inputs):
+        if self._otb_prompts_required:
+            check_batch_prompts(inputs)
         mode = "train" if self.model.training else "eval"
         with self._otb_capturing() as capture:
             batch = super()._generate_and_score_completions(inputs)  # runs the three overrides below
