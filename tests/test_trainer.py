@@ -195,6 +195,22 @@ def test_two_trainers_on_one_model(tiny_model_dir, tmp_path):
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
 
 
+def test_a_trainer_whose_model_a_newer_one_took_over_says_so(tiny_model_dir, tmp_path):
+    """A notebook cell run twice: the second OTBTrainer on the same model object takes its recording hook and LM head
+    over, and training the first again says what happened (not "recorded no log_sum_sq_probs")."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = make_args(tmp_path, num_iterations=2)  # TRL's own rollout pass: the statistic rides along in it
+    first = OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    batch = first._generate_and_score_completions(generation_inputs())
+    assert batch["advantages"].dim() == 2  # precondition: while it owns the model, the first trainer's OTB works
+    second = OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    with pytest.raises(RuntimeError, match="taken over by a newer OTBTrainer built on the same model object") as info:
+        first.train()
+    assert "Train the newest trainer, or build a new OTBTrainer" in str(info.value)
+    second.train()
+    assert second.state.global_step == 1
+
+
 def test_fully_masked_batch_trains_without_nan(tiny_model_dir, tmp_path):
     # max_completion_length=2 truncates everything; masking truncated completions leaves no token.
     args = make_args(tmp_path, max_completion_length=2, mask_truncated_completions=True, max_steps=2)

@@ -56,7 +56,7 @@ _FORWARD_KEYS = tuple(
 
 
 _HOOK_ATTR = "_trl_otb_forward_hook"
-"""The model attribute holding the handle of the forward hook of the OTBTrainer that last wrapped it."""
+"""The model attribute holding the forward hook's handle of the OTBTrainer last built on it (None if it needs none)."""
 
 
 def _recording_hook(trainer_ref: weakref.ref):
@@ -132,7 +132,7 @@ class OTBTrainer(GRPOTrainer):
         previous = getattr(self.model, _HOOK_ATTR, None)
         if previous is not None:
             previous.remove()
-            delattr(self.model, _HOOK_ATTR)
+        self._otb_hook = None
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
             # Patching again wraps TRL's patch; only the fused call path changes.
@@ -144,7 +144,8 @@ class OTBTrainer(GRPOTrainer):
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
             # The hook holds the trainer weakly: the model must not keep a finished trainer alive.
-            setattr(self.model, _HOOK_ATTR, self.model.register_forward_hook(_recording_hook(weakref.ref(self))))
+            self._otb_hook = self.model.register_forward_hook(_recording_hook(weakref.ref(self)))
+        setattr(self.model, _HOOK_ATTR, self._otb_hook)  # _generate_and_score_completions checks it is still ours
 
     # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
     __init__.__signature__ = inspect.signature(GRPOTrainer.__init__)
@@ -156,6 +157,12 @@ class OTBTrainer(GRPOTrainer):
     # --- one generation batch: TRL scores it while the capture is open, then OTB replaces its advantages ---------
 
     def _generate_and_score_completions(self, inputs):
+        if self._otb_hook is not None and getattr(self.model, _HOOK_ATTR, None) is not self._otb_hook:
+            raise RuntimeError(
+                "This OTBTrainer's model was taken over by a newer OTBTrainer built on the same model object: that "
+                "trainer removed this one's recording hook and patched the LM head for its own settings. Train the "
+                "newest trainer, or build a new OTBTrainer to train this model again."
+            )
         if self._otb_prompts_required:
             check_batch_prompts(inputs)
         mode = "train" if self.model.training else "eval"
