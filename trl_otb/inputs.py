@@ -11,7 +11,6 @@ import functools
 import numbers
 from collections.abc import Iterable, Mapping, Set
 
-import numpy as np
 import torch
 from datasets import Dataset, IterableDataset
 from transformers import TrainerCallback
@@ -59,13 +58,17 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _array_ndim(value) -> int | None:
+    """The number of dimensions of a tensor or NumPy array or scalar, None for anything else."""
+    is_array = isinstance(value, torch.Tensor) or type(value).__module__ == "numpy"
+    return getattr(value, "ndim", None) if is_array else None
+
+
 def _is_number(value) -> bool:
     """A real number as TRL's ``torch.tensor(rewards)`` reads it: a Python or NumPy scalar, a 0-d tensor or array."""
-    if isinstance(value, torch.Tensor):
-        return value.ndim == 0
-    if isinstance(value, np.ndarray):
-        return value.ndim == 0 and value.dtype.kind in "biuf"
-    return isinstance(value, numbers.Real | np.bool_)
+    if isinstance(value, numbers.Real):
+        return True
+    return _array_ndim(value) == 0 and getattr(value.dtype, "kind", "f") in "biuf"  # a torch dtype has no kind
 
 
 def reward_values(output, name: str, n: int) -> list:
@@ -87,7 +90,7 @@ def reward_values(output, name: str, n: int) -> list:
             f"must return a list of floats (or None for a completion it cannot score), one per completion ({n} here), "
             "e.g. [score(c) for c in completions]."
         )
-    if isinstance(output, torch.Tensor | np.ndarray):
+    if _array_ndim(output) is not None:
         if output.ndim != 1:
             raise TypeError(
                 f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}. A reward "
