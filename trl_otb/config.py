@@ -31,8 +31,9 @@ class OTBConfig(GRPOConfig):
         advantage_estimator (`str`, *optional*, defaults to `"otb"`):
             How advantages are formed from rewards. `"otb"`: the Optimal Token Baseline (token-level,
             energy-weighted). `"grpo"`: TRL's own advantages, as GRPOTrainer computes them (group mean, with
-            `scale_rewards` and `multi_objective_aggregation`). `"rloo"`: leave-one-out
-            mean. `"opo"`: length-weighted mean. `"ogb"`: energy-weighted mean, one value per sequence.
+            `scale_rewards` and `multi_objective_aggregation`), but for one difference: a completion with a +-inf
+            reward is unscorable (advantage 0), where GRPOTrainer would give its whole group non-finite
+            advantages. `"rloo"`: leave-one-out mean. `"opo"`: length-weighted mean. `"ogb"`: energy-weighted mean, one value per sequence.
         otb_proxy (`str`, *optional*, defaults to `"logit"`):
             Per-token weight w_t of the energy. `"logit"`: 1 - 2 pi(y_t) + sum_v pi(v)^2 from the rollout
             pass. `"uniform"`: w_t = 1 (the paper's uniform ablation; no extra statistics needed).

@@ -8,7 +8,9 @@ Only two things change in a training step (see docs/method.md):
    ``[B, T]`` ones from :func:`trl_otb.compute_advantages`, computed on whole groups gathered
    across processes and sliced back.
 
-TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
+TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for two additions: a completion
+with a +-inf reward becomes unscorable (``_calculate_rewards``), and inputs TRL would fail on late (reward outputs,
+datasets) are checked early (:mod:`trl_otb.inputs`).
 """
 
 from __future__ import annotations
@@ -188,7 +190,8 @@ class OTBTrainer(GRPOTrainer):
         finally:
             self._otb_capture = None
 
-    # --- the overrides: each records into the open capture and otherwise is TRL's method ----------------------
+    # --- the overrides: each records into the open capture and otherwise is TRL's method, except that ---------
+    # --- _calculate_rewards also makes a completion with a +-inf reward unscorable (its row NaN) ---------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = self._otb_unscorable_if_infinite(
@@ -348,8 +351,10 @@ class OTBTrainer(GRPOTrainer):
         name = self.args.advantage_estimator
         if name == "grpo":
             # TRL's own advantages, made token-level, not the registry's grpo_advantages: the arm is then
-            # GRPOTrainer exactly, with every TRL scaling and aggregation option (grpo_advantages is the same
-            # estimator outside a trainer; a test checks they agree on a real batch).
+            # GRPOTrainer's, with every TRL scaling and aggregation option (grpo_advantages is the same
+            # estimator outside a trainer; a test checks they agree on a real batch). One difference: a completion
+            # with a +-inf reward reached TRL unscorable (_calculate_rewards), so it gets advantage 0 where
+            # GRPOTrainer would give its whole group non-finite advantages.
             return groups.trl_advantages[:, None] * groups.mask
         options = {option: getattr(self.args, field) for field, option in ESTIMATOR_OPTION_FIELDS.items()}
         options.update(align=groups.align, is_weights=groups.is_weights)  # resolved for this batch
