@@ -57,7 +57,9 @@ class OTBConfig(GRPOConfig):
             Warn when the Spearman correlation between the proxy's energy W_t and the exact one falls below
             this (measured 0.91-0.93 on SmolLM2 full, LoRA and QLoRA; see docs/fidelity.md).
         num_generations (`int`, *optional*, defaults to `4`):
-            Group size N. OTB needs N >= 2; the paper reports N=4 matching baselines at N=32.
+            Group size N. OTB needs N >= 2. The paper reports OTB at N=4 matching baselines at N=32; this
+            project's training study did not reproduce that at its scale: OTB at N=4 trained worse than TRL's GRPO
+            at N=4 and ended lower than GRPO at N=16 (docs/benchmarks.md, "Should I use OTB?").
         scale_rewards (`str` or `None`, *optional*, defaults to `None`):
             As in GRPOConfig (`"group"`, `"batch"`, `"none"`). `None` follows `advantage_estimator`: `"group"`,
             GRPOConfig's default, for `"grpo"` (TRL's GRPO as GRPOTrainer runs it); `"none"` for the others, whose
