@@ -8,9 +8,8 @@ Only two things change in a training step (see docs/method.md):
    ``[B, T]`` ones from :func:`trl_otb.compute_advantages`, computed on whole groups gathered
    across processes and sliced back.
 
-TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for two additions: a completion
-with a +-inf reward becomes unscorable (``_calculate_rewards``), and inputs TRL would fail on late (reward outputs,
-datasets) are checked early (:mod:`trl_otb.inputs`).
+TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for a +-inf reward, which makes its
+completion unscorable (``_calculate_rewards``), and inputs TRL would fail on late, checked early (:mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -112,8 +111,7 @@ class OTBTrainer(GRPOTrainer):
                 f"OTBTrainer needs an OTBConfig, got a {kind}. Build it with trl_otb.OTBConfig(...): it takes every "
                 "GRPOConfig argument plus the OTB options."
             )
-        # An environment may supply the prompts (TRL then fills in missing ones): only the rows are checked.
-        self._otb_prompts_required = kwargs.get("environment_factory") is None
+        self._otb_prompts_required = kwargs.get("environment_factory") is None  # else an environment supplies them
         check_datasets(kwargs.get("train_dataset"), kwargs.get("eval_dataset"), args, self._otb_prompts_required)
         super().__init__(model, reward_funcs, args=args, **kwargs)
         # Each reward function's output is checked before TRL reads it; TRL's names for them stay as they are.
