@@ -103,3 +103,30 @@ def test_push_to_hub_writes_the_extended_card_before_uploading(trainer, monkeypa
     card = check_model_card(f"{trainer.args.output_dir}/README.md", base_model="acme/tiny-llama")
     assert uploaded == open(f"{trainer.args.output_dir}/README.md").read()
     assert "### Results" in uploaded and 'model="otb-lab/tiny-otb"' in card.text
+
+
+def test_a_lora_card_lists_each_framework_once_after_peft_saves_into_it(tiny_model_dir, tmp_path):
+    """A checkpoint save writes the card into output_dir; trainer.save_model() then has PEFT add its version to the
+    card's framework versions unless the very line is there: each framework stays listed once."""
+    import re
+
+    from huggingface_hub import ModelCard
+    from peft import LoraConfig
+
+    args = make_args(tmp_path, save_strategy="steps", save_steps=1)
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=args,
+        train_dataset=prompts_dataset(),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj"]),
+    )
+    trainer.train()
+    readme = f"{args.output_dir}/README.md"
+    assert "### OTB settings" in open(readme).read()  # precondition: the checkpoint wrote OTB's card in output_dir
+    trainer.save_model()  # PEFT's save_pretrained edits that card
+    card = ModelCard.load(readme)
+    block = card.text.split("### Framework versions", 1)[1].split("\n## ", 1)[0]
+    names = [re.match(r"- ([\w-]+)", line)[1].lower() for line in block.splitlines() if line.startswith("- ")]
+    assert {"peft", "trl", "trl-otb", "transformers"} <= set(names)
+    assert len(names) == len(set(names)), names

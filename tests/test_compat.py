@@ -39,7 +39,15 @@ MIRRORED = [
     (name, fragment)
     for name, (_, fragments) in compat.REQUIRED.items()
     for fragment in fragments
-    if name in ("_generate_and_score_completions", "_compute_loss", "__init__", "create_model_card")
+    if name
+    in (
+        "_generate_and_score_completions",
+        "_calculate_rewards",
+        "_get_train_sampler",
+        "_compute_loss",
+        "__init__",
+        "create_model_card",
+    )
 ]
 
 
@@ -65,6 +73,21 @@ def test_guard_fails_when_trls_card_template_loses_a_line_the_card_edits(monkeyp
     (tmp_path / "templates" / "lm_model_card.md").write_text(template.replace(fragment, "changed"))
     monkeypatch.setattr(compat.resources, "files", lambda package: tmp_path if package == "trl" else None)
     with pytest.raises(TRLCompatibilityError, match="card template lm_model_card.md"):
+        check_trl_compatibility()
+
+
+def test_guard_fails_when_the_sampler_would_keep_an_incomplete_batch(monkeypatch):
+    from trl.trainer.utils import RepeatSampler
+
+    original = inspect.getsource
+    target = RepeatSampler.__iter__
+    assert compat.WHOLE_BATCHES_ONLY in original(target)  # precondition: the installed TRL drops incomplete batches
+    monkeypatch.setattr(
+        compat.inspect,
+        "getsource",
+        lambda obj: original(obj).replace(compat.WHOLE_BATCHES_ONLY, "pass") if obj is target else original(obj),
+    )
+    with pytest.raises(TRLCompatibilityError, match="RepeatSampler"):
         check_trl_compatibility()
 
 

@@ -7,7 +7,7 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig
 
-from trl_otb import OTBConfig, OTBTrainer
+from trl_otb import ESTIMATORS, OTBConfig, OTBTrainer
 
 CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4)
 
@@ -21,6 +21,9 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
 @pytest.mark.parametrize(
     "overrides,needle",
     [
+        ({"temperature": 0.0}, "Set temperature > 0"),
+        ({"temperature": -0.5}, "greedy decoding"),
+        ({"temperature": float("nan")}, "Set temperature > 0"),
         ({"num_generations": 1}, "num_generations >= 2"),
         ({"num_generations_eval": 0}, "num_generations_eval"),
         ({"advantage_estimator": "ppo"}, "unknown advantage_estimator"),
@@ -58,6 +61,19 @@ def test_sequence_level_estimators_accept_what_otb_refuses():
 def test_scale_rewards_is_read_as_trl_normalised_it():
     # TRL turns scale_rewards=False into "none" in its own __post_init__; OTBConfig validates after it.
     assert OTBConfig(**CPU, scale_rewards=False).scale_rewards == "none"
+    assert OTBConfig(**CPU, advantage_estimator="grpo", scale_rewards=True).scale_rewards == "group"
+
+
+def test_scale_rewards_follows_the_estimator_unless_set():
+    """'grpo' asked for by name is TRL's GRPO, std-scaled per group like GRPOConfig's default; the other estimators
+    stay raw; an explicit value is kept."""
+    assert GRPOConfig(**CPU, num_generations=4).scale_rewards == "group"  # precondition: TRL's default
+    assert OTBConfig(**CPU, advantage_estimator="grpo").scale_rewards == "group"
+    assert OTBConfig(**CPU).scale_rewards == "none"
+    assert {OTBConfig(**CPU, advantage_estimator=e).scale_rewards for e in ESTIMATORS if e != "grpo"} == {"none"}
+    for value in ("none", "batch", "group"):
+        assert OTBConfig(**CPU, advantage_estimator="grpo", scale_rewards=value).scale_rewards == value
+    assert OTBConfig(**CPU, advantage_estimator="otb", scale_rewards="none").scale_rewards == "none"
 
 
 def test_liger_fused_cross_entropy_is_refused_by_the_trainer(tiny_model_dir):

@@ -1,11 +1,13 @@
 """The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside recipes/ and testing/, the
 command-line entry points aside) imports neither the demo's recipes nor the test helpers, and no module of the package
-imports itself back through others (docs/architecture.md, "The layout")."""
+imports itself back through others (docs/architecture.md, "The layout"); and no test module imports another."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_the_core_imports_torch_only():
@@ -59,9 +61,6 @@ def test_the_library_imports_neither_the_demo_nor_the_test_helpers():
 
 def _package_imports() -> dict[str, set[str]]:
     """trl_otb module -> the trl_otb modules it imports anywhere in its source (function bodies too)."""
-    import ast
-    from pathlib import Path
-
     import trl_otb
 
     root = Path(trl_otb.__file__).parent
@@ -105,3 +104,38 @@ def test_the_package_has_no_import_cycle():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+# --- the test suite: shared helpers live in helpers modules and conftest.py, never in a test module ----------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _test_modules_imported(path: Path, source: str) -> list[str]:
+    """The test modules (a last name component ``test_*``) that ``source``, the file at ``path`` in tests/, imports."""
+    package = list(path.relative_to(TESTS.parent).parent.parts)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            modules = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found += [m for m in modules if m.rpartition(".")[2].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """A helper two test files share goes in a helpers module (``tests/core/tensor_helpers.py``) or a conftest.py:
+    importing a test module runs its module-level code and hides where the helper lives."""
+    probe = TESTS / "core" / "test_estimators.py"
+    assert _test_modules_imported(probe, "from .test_otb import t64") == ["tests.core.test_otb"]  # the scan sees one
+    assert _test_modules_imported(probe, "from tests.core import test_otb") == ["tests.core.test_otb"]
+    assert _test_modules_imported(probe, "from .tensor_helpers import t64") == []
+    files = sorted(TESTS.rglob("test_*.py"))
+    assert len(files) > 20
+    found = {str(f.relative_to(TESTS)): _test_modules_imported(f, f.read_text()) for f in files}
+    assert {name: imported for name, imported in found.items() if imported} == {}

@@ -86,15 +86,22 @@ def test_trainer_advantages_equal_contract_on_independent_inputs(
     assert (batch["advantages"][mask == 0] == 0).all()
 
 
-def test_grpo_estimator_reproduces_trl_advantages(tiny_model_dir, tmp_path):
-    reward = RecordingReward()
-    args = make_args(tmp_path, advantage_estimator="grpo", scale_rewards="group")
+@pytest.mark.parametrize("scale_rewards", [None, "none"])
+def test_grpo_estimator_reproduces_trl_advantages(tiny_model_dir, tmp_path, scale_rewards):
+    """'grpo' is TRL's GRPO: std-scaled per group when scale_rewards is left alone (GRPOConfig's default), unscaled
+    when asked."""
+    reward = RecordingReward(distinct=True)
+    overrides = {} if scale_rewards is None else {"scale_rewards": scale_rewards}
+    args = make_args(tmp_path, advantage_estimator="grpo", **overrides)
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
+    scale = scale_rewards or "group"
+    assert trainer.scale_rewards == scale  # what TRL's own advantage code reads
     batch = trainer._generate_and_score_completions(generation_inputs())
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
-    mask = batch["completion_mask"]
-    ours = grpo_advantages(rewards, torch.ones(mask.shape), mask, torch.arange(len(rewards)) // N, scale="group")
-    assert torch.allclose(batch["advantages"], ours, atol=1e-5)
+    mask, group_ids = batch["completion_mask"], torch.arange(len(rewards)) // N
+    ours = {s: grpo_advantages(rewards, torch.ones(mask.shape), mask, group_ids, scale=s) for s in ("group", "none")}
+    assert not torch.allclose(ours["group"], ours["none"], atol=1e-3)  # precondition: the two scalings differ here
+    assert torch.allclose(batch["advantages"], ours[scale], atol=1e-5)
 
 
 def test_all_unscorable_rewards_give_zero_advantages_and_finite_loss(tiny_model_dir, tmp_path):
@@ -135,7 +142,7 @@ class InfiniteOnRows(RecordingReward):
 @pytest.mark.parametrize("estimator", ["otb", "grpo"])
 def test_infinite_rewards_are_unscorable_warned_and_counted(tiny_model_dir, tmp_path, estimator):
     reward = InfiniteOnRows()
-    args = make_args(tmp_path, advantage_estimator=estimator)
+    args = make_args(tmp_path, advantage_estimator=estimator, scale_rewards="none")
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=[reward, RecordingReward()], args=args, train_dataset=prompts_dataset()
     )
@@ -187,6 +194,22 @@ def test_two_trainers_on_one_model(tiny_model_dir, tmp_path):
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
     expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N)
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
+
+
+def test_a_trainer_whose_model_a_newer_one_took_over_says_so(tiny_model_dir, tmp_path):
+    """A notebook cell run twice: the second OTBTrainer on the same model object takes its recording hook and LM head
+    over, and training the first again says what happened (not "recorded no log_sum_sq_probs")."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = make_args(tmp_path, num_iterations=2)  # TRL's own rollout pass: the statistic rides along in it
+    first = OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    batch = first._generate_and_score_completions(generation_inputs())
+    assert batch["advantages"].dim() == 2  # precondition: while it owns the model, the first trainer's OTB works
+    second = OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset())
+    with pytest.raises(RuntimeError, match="taken over by a newer OTBTrainer built on the same model object") as info:
+        first.train()
+    assert "Train the newest trainer, or build a new OTBTrainer" in str(info.value)
+    second.train()
+    assert second.state.global_step == 1
 
 
 def test_fully_masked_batch_trains_without_nan(tiny_model_dir, tmp_path):

@@ -118,7 +118,8 @@ def _versions(adapter: str | None) -> str:
     packages = {None: [], "lora": ["PEFT"], "qlora": ["PEFT", "bitsandbytes"]}[adapter]
     for name in ["trl-otb", *packages]:
         try:
-            lines.append(f"- {name}: {version(name.lower())}")
+            # PEFT's save_pretrained adds "- PEFT <version>" to a card's versions unless that very line is there.
+            lines.append(f"- PEFT {version('peft')}" if name == "PEFT" else f"- {name}: {version(name.lower())}")
         except PackageNotFoundError:
             continue
     return "\n".join(lines) + "\n"

@@ -48,7 +48,18 @@ REQUIRED = {
             'self._logs["advantages"].extend(all_process_advantages.tolist())',
         ),
     ),
-    "_calculate_rewards": (("self", "inputs", "prompts", "completions", "completion_ids_list"), ()),
+    "_calculate_rewards": (
+        ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+        (
+            # trl_otb.inputs.checked_reward_func: TRL tells async reward functions apart as the wrapper does, and
+            # passes the completions by keyword (the wrapper counts them).
+            "elif is_async_callable(reward_func):",
+            "prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs",
+        ),
+    ),
+    # Mirrored by check_datasets (trl_otb/inputs.py): a generation batch takes this many prompts (and RepeatSampler
+    # yields only whole batches, checked below).
+    "_get_train_sampler": (("self",), ("batch_size=self.args.generation_batch_size // self.num_generations",)),
     # transformers' Trainer: the gradient norm of each optimizer step passes through it (OTBTrainer warns when it is
     # not finite, and counts it in otb/nonfinite_grad_norm).
     "_get_grad_norm": (("self", "model", "grad_norm"), ()),
@@ -99,6 +110,10 @@ REQUIRED_ORDER = (
     ),
 )
 
+# RepeatSampler drops an incomplete generation batch, so a training set smaller than one trains 0 steps
+# (trl_otb.inputs.check_datasets refuses it).
+WHOLE_BATCHES_ONLY = "indexes = [chunk for chunk in indexes if len(chunk) == self.batch_size]"
+
 
 class TRLCompatibilityError(RuntimeError):
     """The installed TRL differs from the one trl-otb was built and tested against."""
@@ -113,7 +128,7 @@ def check_trl_compatibility(base: type | None = None) -> None:
     if os.environ.get(SKIP_ENV) == "1":
         return
     import trl
-    from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
+    from trl.trainer.utils import FusedCausalLMOutput, RepeatSampler, add_fused_lm_head
 
     if base is None:
         from trl.trainer.grpo_trainer import GRPOTrainer as base
@@ -142,6 +157,8 @@ def check_trl_compatibility(base: type | None = None) -> None:
         problems.append("trl.trainer.utils.add_fused_lm_head no longer takes `outputs`")
     if "log_sum_sq_probs" not in FusedCausalLMOutput.__dataclass_fields__:
         problems.append("FusedCausalLMOutput no longer has `log_sum_sq_probs`")
+    if WHOLE_BATCHES_ONLY not in inspect.getsource(RepeatSampler.__iter__):
+        problems.append(f"trl.trainer.utils.RepeatSampler no longer contains `{WHOLE_BATCHES_ONLY}`")
     # The card template TRL's create_model_card renders (its default when the trainer names none).
     template = resources.files("trl").joinpath("templates", base._template_file or "lm_model_card.md")
     text = template.read_text() if template.is_file() else ""

@@ -31,8 +31,9 @@ class OTBConfig(GRPOConfig):
         advantage_estimator (`str`, *optional*, defaults to `"otb"`):
             How advantages are formed from rewards. `"otb"`: the Optimal Token Baseline (token-level,
             energy-weighted). `"grpo"`: TRL's own advantages, as GRPOTrainer computes them (group mean, with
-            `scale_rewards` and `multi_objective_aggregation`). `"rloo"`: leave-one-out
-            mean. `"opo"`: length-weighted mean. `"ogb"`: energy-weighted mean, one value per sequence.
+            `scale_rewards` and `multi_objective_aggregation`), but for one difference: a completion with a +-inf
+            reward is unscorable (advantage 0), where GRPOTrainer would give its whole group non-finite
+            advantages. `"rloo"`: leave-one-out mean. `"opo"`: length-weighted mean. `"ogb"`: energy-weighted mean, one value per sequence.
         otb_proxy (`str`, *optional*, defaults to `"logit"`):
             Per-token weight w_t of the energy. `"logit"`: 1 - 2 pi(y_t) + sum_v pi(v)^2 from the rollout
             pass. `"uniform"`: w_t = 1 (the paper's uniform ablation; no extra statistics needed).
@@ -65,10 +66,13 @@ class OTBConfig(GRPOConfig):
             Warn when the Spearman correlation between the proxy's energy W_t and the exact one falls below
             this (measured 0.91-0.93 on SmolLM2 full, LoRA and QLoRA; see docs/fidelity.md).
         num_generations (`int`, *optional*, defaults to `4`):
-            Group size N. OTB needs N >= 2; the paper reports N=4 matching baselines at N=32.
-        scale_rewards (`str`, *optional*, defaults to `"none"`):
-            As in GRPOConfig, but OTB advantages are raw (no std division), so only `"grpo"` accepts
-            another value.
+            Group size N. OTB needs N >= 2. The paper reports OTB at N=4 matching baselines at N=32; this
+            project's training study did not reproduce that at its scale: OTB at N=4 trained worse than TRL's GRPO
+            at N=4 and ended lower than GRPO at N=16 (docs/benchmarks.md, "Should I use OTB?").
+        scale_rewards (`str` or `None`, *optional*, defaults to `None`):
+            As in GRPOConfig (`"group"`, `"batch"`, `"none"`). `None` follows `advantage_estimator`: `"group"`,
+            GRPOConfig's default, for `"grpo"` (TRL's GRPO as GRPOTrainer runs it); `"none"` for the others, whose
+            advantages are raw (no std division) and which refuse any other value.
     """
 
     advantage_estimator: str = field(
@@ -129,16 +133,19 @@ class OTBConfig(GRPOConfig):
         default=4,
         metadata={"help": "Number of completions per prompt (group size N). OTB needs N >= 2."},
     )
-    scale_rewards: str = field(
-        default="none",
+    scale_rewards: str | None = field(
+        default=None,
         metadata={
-            "help": "Reward scaling as in GRPOConfig ('none', 'group', 'batch'). OTB advantages are raw, so only "
-            "advantage_estimator='grpo' accepts a value other than 'none'."
+            "help": "Reward scaling as in GRPOConfig ('group', 'batch', 'none'). None follows advantage_estimator: "
+            "'group' (GRPOConfig's default) for 'grpo', 'none' for the others, whose advantages are raw and which "
+            "accept no other value."
         },
     )
 
     def __post_init__(self):
         self._validate_otb_fields()
+        if self.scale_rewards is None:  # resolved before TRL reads it: TRL's trainer knows no None
+            self.scale_rewards = "group" if self.advantage_estimator == "grpo" else "none"
         super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
         self._validate_against_grpo()
 
@@ -163,6 +170,13 @@ class OTBConfig(GRPOConfig):
         if not -1.0 <= self.otb_fidelity_min_energy_spearman <= 1.0:
             _fail(
                 f"otb_fidelity_min_energy_spearman is a correlation in [-1, 1], got {self.otb_fidelity_min_energy_spearman}."
+            )
+        if not self.temperature > 0:
+            _fail(
+                f"temperature={self.temperature!r}: training samples completions from softmax(z / temperature) and "
+                "scores their tokens under that distribution (TRL's log-probs, and OTB's proxy 1 - 2 pi(y) + sum pi^2), "
+                "and temperature <= 0 (greedy decoding) has none. Set temperature > 0: 1.0 (TRL's default) samples "
+                "the model as it is, lower values (e.g. 0.7) closer to greedy."
             )
         if self.num_generations is not None and self.num_generations < 2:
             _fail(

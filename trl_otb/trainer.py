@@ -8,7 +8,8 @@ Only two things change in a training step (see docs/method.md):
    ``[B, T]`` ones from :func:`trl_otb.compute_advantages`, computed on whole groups gathered
    across processes and sliced back.
 
-TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL.
+TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for a +-inf reward, which makes its
+completion unscorable (``_calculate_rewards``), and inputs TRL would fail on late, checked early (:mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
+from datasets import IterableDataset
 from huggingface_hub import ModelCard
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -43,6 +45,7 @@ from .core import (
     uniform_proxy,
 )
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
+from .inputs import EmptyTrainingGuard, check_batch_prompts, check_datasets, checked_reward_funcs
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
@@ -56,7 +59,7 @@ _FORWARD_KEYS = tuple(
 
 
 _HOOK_ATTR = "_trl_otb_forward_hook"
-"""The model attribute holding the handle of the forward hook of the OTBTrainer that last wrapped it."""
+"""The model attribute holding the forward hook's handle of the OTBTrainer last built on it (None if it needs none)."""
 
 
 def _recording_hook(trainer_ref: weakref.ref):
@@ -110,7 +113,13 @@ class OTBTrainer(GRPOTrainer):
                 f"OTBTrainer needs an OTBConfig, got a {kind}. Build it with trl_otb.OTBConfig(...): it takes every "
                 "GRPOConfig argument plus the OTB options."
             )
+        self._otb_prompts_required = kwargs.get("environment_factory") is None  # else an environment supplies them
+        check_datasets(kwargs.get("train_dataset"), kwargs.get("eval_dataset"), args, self._otb_prompts_required)
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        # Each reward function's output is checked before TRL reads it; TRL's names for them stay as they are.
+        self.reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
+        if isinstance(self.train_dataset, IterableDataset):
+            self.add_callback(EmptyTrainingGuard())
         # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
         # gradients through them are wrong from then on: keep them on the differentiable path.
         guard_4bit_cpu_repack(self.model)
@@ -125,7 +134,7 @@ class OTBTrainer(GRPOTrainer):
         previous = getattr(self.model, _HOOK_ATTR, None)
         if previous is not None:
             previous.remove()
-            delattr(self.model, _HOOK_ATTR)
+        self._otb_hook = None
         if self._otb_needs_sum_pi_sq:
             # TRL's fused head already accumulates sum exp(2(z - max)); ask it to return log sum pi^2 too.
             # Patching again wraps TRL's patch; only the fused call path changes.
@@ -137,7 +146,8 @@ class OTBTrainer(GRPOTrainer):
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
             # The hook holds the trainer weakly: the model must not keep a finished trainer alive.
-            setattr(self.model, _HOOK_ATTR, self.model.register_forward_hook(_recording_hook(weakref.ref(self))))
+            self._otb_hook = self.model.register_forward_hook(_recording_hook(weakref.ref(self)))
+        setattr(self.model, _HOOK_ATTR, self._otb_hook)  # _generate_and_score_completions checks it is still ours
 
     # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
     __init__.__signature__ = inspect.signature(GRPOTrainer.__init__)
@@ -149,6 +159,14 @@ class OTBTrainer(GRPOTrainer):
     # --- one generation batch: TRL scores it while the capture is open, then OTB replaces its advantages ---------
 
     def _generate_and_score_completions(self, inputs):
+        if self._otb_hook is not None and getattr(self.model, _HOOK_ATTR, None) is not self._otb_hook:
+            raise RuntimeError(
+                "This OTBTrainer's model was taken over by a newer OTBTrainer built on the same model object: that "
+                "trainer removed this one's recording hook and patched the LM head for its own settings. Train the "
+                "newest trainer, or build a new OTBTrainer to train this model again."
+            )
+        if self._otb_prompts_required:
+            check_batch_prompts(inputs)
         mode = "train" if self.model.training else "eval"
         with self._otb_capturing() as capture:
             batch = super()._generate_and_score_completions(inputs)  # runs the three overrides below
@@ -172,7 +190,8 @@ class OTBTrainer(GRPOTrainer):
         finally:
             self._otb_capture = None
 
-    # --- the overrides: each records into the open capture and otherwise is TRL's method ----------------------
+    # --- the overrides: each records into the open capture and otherwise is TRL's method, except that ---------
+    # --- _calculate_rewards also makes a completion with a +-inf reward unscorable (its row NaN) ---------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = self._otb_unscorable_if_infinite(
@@ -351,8 +370,10 @@ class OTBTrainer(GRPOTrainer):
         name = self.args.advantage_estimator
         if name == "grpo":
             # TRL's own advantages, made token-level, not the registry's grpo_advantages: the arm is then
-            # GRPOTrainer exactly, with every TRL scaling and aggregation option (grpo_advantages is the same
-            # estimator outside a trainer; a test checks they agree on a real batch).
+            # GRPOTrainer's, with every TRL scaling and aggregation option (grpo_advantages is the same
+            # estimator outside a trainer; a test checks they agree on a real batch). One difference: a completion
+            # with a +-inf reward reached TRL unscorable (_calculate_rewards), so it gets advantage 0 where
+            # GRPOTrainer would give its whole group non-finite advantages.
             return groups.trl_advantages[:, None] * groups.mask
         options = {option: getattr(self.args, field) for field, option in ESTIMATOR_OPTION_FIELDS.items()}
         options.update(align=groups.align, is_weights=groups.is_weights)  # resolved for this batch

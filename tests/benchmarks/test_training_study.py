@@ -74,6 +74,20 @@ def test_study_preregistration_covers_every_cell_and_arm():
     assert {c["task"] for c in prereg["cells"].values()} == set(study_task.WARM_START_TASKS)
 
 
+def test_study_arms_set_their_reward_scaling_so_the_config_default_never_reaches_them():
+    """Each arm passes scale_rewards itself, so OTBConfig's default (None: follow the estimator) leaves every arm the
+    configuration of the committed results, grpo_unscaled_N4 unscaled included."""
+    from trl_otb import OTBConfig
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "training_study.json").read_text())
+    arms = committed["preregistration"]["arms"]
+    assert training_study.PREREGISTRATION["arms"] == arms  # precondition: the script runs the committed arms
+    assert arms["grpo_unscaled_N4"] == {"advantage_estimator": "grpo", "num_generations": 4, "scale_rewards": "none"}
+    for name, arm in arms.items():
+        cpu = dict(output_dir="unused", use_cpu=True, bf16=False, per_device_train_batch_size=arm["num_generations"])
+        assert OTBConfig(**cpu, **arm).scale_rewards == arm["scale_rewards"], name
+
+
 @pytest.mark.slow
 def test_study_quick_mode_trains_every_arm_and_resumes(tmp_path):
     command = [

@@ -27,7 +27,7 @@ from trl_otb import (
 )
 from trl_otb.core import Estimator, register_estimator
 
-from .test_otb import assert_close, ids, t64  # the small tensor helpers of the core tests
+from .tensor_helpers import assert_close, ids, t64
 
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=80, derandomize=True)

@@ -23,21 +23,10 @@ from trl_otb import (
 from trl_otb.core import SHIFT_INVARIANT_TAILS, TAILS, uniform_proxy
 from trl_otb.core.spec import aligned_positions, reference_otb
 
+from .tensor_helpers import assert_close, ids, t64
+
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
-
-
-def t64(x):
-    return torch.tensor(x, dtype=torch.float64)
-
-
-def ids(x):
-    return torch.tensor(x, dtype=torch.long)
-
-
-def assert_close(actual, expected, atol=1e-6, rtol=1e-6):
-    expected = torch.as_tensor(expected, dtype=actual.dtype)
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
 
 
 # ----------------------------------------------------------------------------------------------
