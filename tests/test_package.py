@@ -1,5 +1,5 @@
-"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside recipes/ and testing/, the
-command-line entry points aside) imports neither the demo's recipes nor the test helpers, and no module of the package
+"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside demo/ and testing/, the
+command-line entry points aside) imports neither the demo nor the test helpers, and no module of the package
 imports itself back through others (docs/architecture.md, "The layout"); and no test module imports another."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_the_core_imports_torch_only():
 
 # The library's entry points: they may import the demo (the embedded model) and the plots.
 ENTRY_POINTS = ("trl_otb.cli", "trl_otb.fidelity.cli")
-DEMO_AND_HELPERS = ("trl_otb.recipes", "trl_otb.testing")
+DEMO_AND_HELPERS = ("trl_otb.demo", "trl_otb.testing")
 
 LIBRARY_IMPORTS = f"""
 import importlib, sys
@@ -47,7 +47,7 @@ print(len(library), loaded(*{DEMO_AND_HELPERS}, "tests"))
 
 
 def test_the_library_imports_neither_the_demo_nor_the_test_helpers():
-    """Every module of trl_otb outside recipes/ and testing/ (the entry points aside) loads no trl_otb.recipes or
+    """Every module of trl_otb outside demo/ and testing/ (the entry points aside) loads no trl_otb.demo or
     trl_otb.testing module, nor anything from tests/; ``trl_otb.trainer`` loads neither the commands nor plotting
     (matplotlib)."""
     result = subprocess.run([sys.executable, "-c", LIBRARY_IMPORTS], capture_output=True, text=True, timeout=300)
@@ -87,8 +87,8 @@ def _package_imports() -> dict[str, set[str]]:
 
 def test_the_package_has_no_import_cycle():
     graph = _package_imports()
-    assert "trl_otb.recipes.hub" in graph["trl_otb.recipes.models"]  # the scan sees imports (and this one)
-    assert "trl_otb.recipes.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
+    assert "trl_otb.demo.hub" in graph["trl_otb.demo.models"]  # the scan sees imports (and this one)
+    assert "trl_otb.demo.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
     state, cycles = {}, []
 
     def visit(module, path):
