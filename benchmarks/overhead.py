@@ -71,7 +71,7 @@ def model_tokenizer_and_peft(name: str, workdir: Path, vllm: bool = False):
         return model, tokenizer, None
     from peft import LoraConfig
 
-    from trl_otb.recipes.models import load_model_and_tokenizer
+    from trl_otb.demo.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer()
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

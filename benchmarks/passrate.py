@@ -1,7 +1,7 @@
 """Pass@1 of the embedded model on each level of the generated math dataset, at temperature 1.0.
 
 GRPO learns only from groups whose rewards differ, so the default level must be neither too easy nor too hard for the
-model being trained. This script measures it; `trl_otb.recipes.data.DEFAULT_LEVEL` was chosen with it.
+model being trained. This script measures it; `trl_otb.demo.data.DEFAULT_LEVEL` was chosen with it.
 
     python benchmarks/passrate.py --num-prompts 48 --samples 2 --max-new-tokens 64 --levels copy compare add1
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from trl_otb.recipes.data import LEVELS, generate_math_dataset
-from trl_otb.recipes.models import load_model_and_tokenizer
-from trl_otb.recipes.rewards import FORMAT_REWARD, accuracy_reward, format_reward
+from trl_otb.demo.data import LEVELS, generate_math_dataset
+from trl_otb.demo.models import load_model_and_tokenizer
+from trl_otb.demo.rewards import FORMAT_REWARD, accuracy_reward, format_reward
 
 
 @torch.no_grad()

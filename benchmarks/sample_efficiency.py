@@ -52,7 +52,7 @@ DIGIT_TEMPLATES_TEST = ("Output {d} repeatedly.", "Only write {d}.")
 def model_and_tokenizer(name: str, seed: int = 0):
     """(model, tokenizer) of ``--model``: the test suite's tiny Llama, the embedded SmolLM2, or its shapes at random."""
     if name == "embedded":
-        from trl_otb.recipes.models import load_model_and_tokenizer
+        from trl_otb.demo.models import load_model_and_tokenizer
 
         return load_model_and_tokenizer(dtype=torch.float32)
     from trl_otb.testing import build_tiny_model, build_tiny_tokenizer
@@ -71,8 +71,8 @@ def build_task(task: str, num_train: int, num_test: int, seed: int, digits_len: 
     from datasets import Dataset
 
     if task == "math":
-        from trl_otb.recipes.data import load_math_dataset
-        from trl_otb.recipes.rewards import accuracy_reward
+        from trl_otb.demo.data import load_math_dataset
+        from trl_otb.demo.rewards import accuracy_reward
 
         data = load_math_dataset(num_train=num_train, num_test=num_test, seed=seed)
         return data["train"], list(data["test"]), accuracy_reward

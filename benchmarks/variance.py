@@ -996,9 +996,9 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
         return model, tokenizer, prompts, reward
     if task in STUDY_TASKS:
         return study_setup(task, num_prompts, seed)
-    from trl_otb.recipes.data import load_math_dataset
-    from trl_otb.recipes.models import load_model_and_tokenizer
-    from trl_otb.recipes.rewards import accuracy_reward
+    from trl_otb.demo.data import load_math_dataset
+    from trl_otb.demo.models import load_model_and_tokenizer
+    from trl_otb.demo.rewards import accuracy_reward
 
     model, tokenizer = load_model_and_tokenizer(dtype=torch.float32)
     if task == "count":

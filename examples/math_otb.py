@@ -30,18 +30,18 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 from trl.models.utils import unwrap_model_for_generation
 
 from trl_otb import OTBConfig, OTBTrainer
-from trl_otb.plotting import pyplot
-from trl_otb.recipes.card import CardResults, math_card
-from trl_otb.recipes.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
-from trl_otb.recipes.hub import HubPreflightError, preflight_hub
-from trl_otb.recipes.models import (
+from trl_otb.demo.card import CardResults, math_card
+from trl_otb.demo.data import DEFAULT_LEVEL, EMBEDDED_NAMES, load_math_dataset
+from trl_otb.demo.hub import HubPreflightError, preflight_hub
+from trl_otb.demo.models import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
     EmbeddedModelUnavailableError,
     ModelNotAvailableError,
     load_model_and_tokenizer,
 )
-from trl_otb.recipes.rewards import accuracy_reward, format_reward
+from trl_otb.demo.rewards import accuracy_reward, format_reward
+from trl_otb.plotting import pyplot
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent / "recipes" / "cpu_smollm2.yaml"
 CPU_DEFAULTS = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}

@@ -4,9 +4,9 @@ python examples/quickstart.py
 """
 
 from trl_otb import OTBConfig, OTBTrainer
-from trl_otb.recipes.data import load_math_dataset
-from trl_otb.recipes.models import embedded_model_path
-from trl_otb.recipes.rewards import accuracy_reward, format_reward
+from trl_otb.demo.data import load_math_dataset
+from trl_otb.demo.models import embedded_model_path
+from trl_otb.demo.rewards import accuracy_reward, format_reward
 
 model = embedded_model_path()  # converts the packaged GGUF once, then loads in under a second
 dataset = load_math_dataset(split="train", num_train=64)

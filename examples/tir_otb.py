@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     if args.model is None:
-        from trl_otb.recipes.models import embedded_model_path
+        from trl_otb.demo.models import embedded_model_path
 
         args.model = embedded_model_path()
     config = OTBConfig(

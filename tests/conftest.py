@@ -17,7 +17,7 @@ Fixtures:
 - ``tiny_model`` / ``tiny_tokenizer`` (function): fresh copies loaded from ``tiny_model_dir``.
 - ``tiny_4bit_dir`` (function): a random Llama with 64-wide layers and the tiny tokenizer, for 4-bit loading.
 - ``smollm2_dir`` (session): the embedded SmolLM2-135M-Instruct converted to a plain checkpoint
-  (``trl_otb.recipes.models.embedded_model_path()``; ~25 s the first time on a machine, then cached in
+  (``trl_otb.demo.models.embedded_model_path()``; ~25 s the first time on a machine, then cached in
   ``$TRL_OTB_CACHE`` or ``~/.cache/trl-otb``). Mark tests using it ``@pytest.mark.slow``.
 - ``check_model_card``: ``trl_otb.testing.check_model_card``, which validates a written model card.
 
@@ -78,7 +78,7 @@ def tiny_4bit_dir(tmp_path_factory, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """Directory (str) of the embedded SmolLM2-135M-Instruct as a plain checkpoint (slow tests only)."""
-    from trl_otb.recipes.models import embedded_model_path
+    from trl_otb.demo.models import embedded_model_path
 
     return embedded_model_path()
 

@@ -1,7 +1,7 @@
 """OTBTrainer's model card (trl_otb/card.py): TRL's card, with its tracker links, tags and citations, plus OTB's part.
 
 The full, LoRA and QLoRA cards of the math example are checked end to end in tests/integration/test_math_otb.py, and
-what trl_otb.recipes.card adds to them in tests/recipes/test_card.py.
+what trl_otb.demo.card adds to them in tests/demo/test_card.py.
 """
 
 from __future__ import annotations

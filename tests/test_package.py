@@ -1,6 +1,7 @@
-"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside recipes/ and testing/, the
-command-line entry points aside) imports neither the demo's recipes nor the test helpers, and no module of the package
-imports itself back through others (docs/architecture.md, "The layout"); and no test module imports another."""
+"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside demo/ and testing/, the
+command-line entry points aside) imports neither the demo nor the test helpers, and no module of the package
+imports itself back through others (docs/architecture.md, "The layout"); no test module imports another; and the wheel
+ships the library and the demo, not the test helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 def test_the_core_imports_torch_only():
@@ -22,11 +25,13 @@ def test_the_core_imports_torch_only():
 
 # The library's entry points: they may import the demo (the embedded model) and the plots.
 ENTRY_POINTS = ("trl_otb.cli", "trl_otb.fidelity.cli")
-DEMO_AND_HELPERS = ("trl_otb.recipes", "trl_otb.testing")
+DEMO_AND_HELPERS = ("trl_otb.demo", "trl_otb.testing")
 
 LIBRARY_IMPORTS = f"""
 import importlib, sys
 from pathlib import Path
+
+import pytest
 
 def loaded(*prefixes):
     return sorted(name for name in sys.modules if name.startswith(prefixes))
@@ -47,7 +52,7 @@ print(len(library), loaded(*{DEMO_AND_HELPERS}, "tests"))
 
 
 def test_the_library_imports_neither_the_demo_nor_the_test_helpers():
-    """Every module of trl_otb outside recipes/ and testing/ (the entry points aside) loads no trl_otb.recipes or
+    """Every module of trl_otb outside demo/ and testing/ (the entry points aside) loads no trl_otb.demo or
     trl_otb.testing module, nor anything from tests/; ``trl_otb.trainer`` loads neither the commands nor plotting
     (matplotlib)."""
     result = subprocess.run([sys.executable, "-c", LIBRARY_IMPORTS], capture_output=True, text=True, timeout=300)
@@ -87,8 +92,8 @@ def _package_imports() -> dict[str, set[str]]:
 
 def test_the_package_has_no_import_cycle():
     graph = _package_imports()
-    assert "trl_otb.recipes.hub" in graph["trl_otb.recipes.models"]  # the scan sees imports (and this one)
-    assert "trl_otb.recipes.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
+    assert "trl_otb.demo.hub" in graph["trl_otb.demo.models"]  # the scan sees imports (and this one)
+    assert "trl_otb.demo.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
     state, cycles = {}, []
 
     def visit(module, path):
@@ -139,3 +144,46 @@ def test_no_test_module_imports_another():
     assert len(files) > 20
     found = {str(f.relative_to(TESTS)): _test_modules_imported(f, f.read_text()) for f in files}
     assert {name: imported for name, imported in found.items() if imported} == {}
+
+
+# --- what `pip install trl-otb` ships --------------------------------------------------------------------------------
+
+BUILD_WHEEL = """
+import sys
+from setuptools import build_meta
+print(build_meta.build_wheel(sys.argv[1]))
+"""
+
+
+def test_the_wheel_ships_the_library_and_the_demo_but_not_the_test_helpers(tmp_path):
+    """The wheel built from setup.cfg holds every module of trl_otb (the demo too: the examples and ``trl-otb
+    fidelity`` load its embedded model) except trl_otb.testing, whose accelerate and vLLM switches a user never
+    calls (trl_otb/testing/__init__.py says why). Built from a copy of the sources, so the checkout gets no build/."""
+    import shutil
+    import zipfile
+
+    import setuptools
+
+    if tuple(int(p) for p in setuptools.__version__.split(".")[:2]) < (70, 1):
+        pytest.importorskip("wheel", reason="setuptools before 70.1 builds wheels with the wheel package")
+    root = TESTS.parent
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    shutil.copytree(root / "trl_otb", source / "trl_otb", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD_WHEEL, str(tmp_path / "dist")],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    wheel = tmp_path / "dist" / result.stdout.splitlines()[-1]
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if not name.startswith("trl_otb-")}
+    modules = {path.relative_to(root).as_posix() for path in (root / "trl_otb").rglob("*.py")}
+    helpers = {name for name in modules if name.startswith("trl_otb/testing/")}
+    assert {"trl_otb/testing/sharded_cpu.py", "trl_otb/testing/vllm_cpu.py", "trl_otb/testing/tiny.py"} <= helpers
+    assert {"trl_otb/trainer.py", "trl_otb/core/otb.py", "trl_otb/demo/models.py"} <= modules - helpers
+    assert shipped == modules - helpers

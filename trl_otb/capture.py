@@ -24,7 +24,7 @@ import torch
 
 from .rollout_stats import RolloutStatsCollector
 
-__all__ = ["BatchCapture", "GatheredGroups", "LogProbPass"]
+__all__ = ["BatchCapture", "GatheredGroups", "LogProbPass", "recording_hook"]
 
 
 @dataclass(frozen=True)
@@ -134,3 +134,16 @@ class GatheredGroups:
     rows: slice
     width: int
     align: str
+
+
+def recording_hook(trainer_ref):
+    """A forward hook for the model: the fused head's output goes into the open :class:`BatchCapture` of the trainer
+    ``trainer_ref`` refers to (a ``weakref.ref``, so that the model does not keep a finished trainer alive), while it
+    lives."""
+
+    def hook(module, args, output):
+        trainer = trainer_ref()
+        if trainer is not None and trainer._otb_capture is not None:
+            trainer._otb_capture.record_forward(output)
+
+    return hook

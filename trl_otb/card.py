@@ -5,7 +5,7 @@ among them; the run's Weights & Biases, Trackio or Comet link; the paper and cit
 framework versions), then :func:`extend_model_card` adds to it:
 
 - the OTB settings, under TRL's "Training procedure" (:func:`otb_settings_section`), and the caller's sections after
-  them (the math demo's results: :mod:`trl_otb.recipes.card`);
+  them (the math demo's results: :mod:`trl_otb.demo.card`);
 - for a LoRA or QLoRA adapter, a quick start that loads the adapter on its named base with
   ``PeftModel.from_pretrained`` (the base in NF4 for QLoRA), ``library_name: peft`` and the adapter's tags;
 - what the caller knows and TRL cannot read from the model: ``base_model`` (a model loaded from a local directory

@@ -3,12 +3,17 @@
 TRL's GRPOTrainer meets these deep inside a step (``'NoneType' object is not iterable``, a ``KeyError: 'prompt'``,
 an ``IndexError`` in tokenisation) or not at all (an empty dataset trains 0 steps). OTBTrainer checks them at
 construction, or on the batch where they appear, and says what to change. No check changes a valid input.
+
+Two reward values TRL reads but that would quietly spoil a step are warned about here as well: a +-inf reward (its
+completion is made unscorable, :func:`unscorable_if_infinite`) and rewards so large that the gradient norm is not
+finite (:func:`warn_nonfinite_grad_norm`).
 """
 
 from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from collections.abc import Iterable, Mapping, Set
 
 import torch
@@ -16,12 +21,16 @@ from datasets import Dataset, IterableDataset
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
+from .core import InfiniteRewardWarning, NonFiniteGradientWarning
+
 __all__ = [
     "EmptyTrainingGuard",
     "check_batch_prompts",
     "check_datasets",
     "checked_reward_func",
     "checked_reward_funcs",
+    "unscorable_if_infinite",
+    "warn_nonfinite_grad_norm",
 ]
 
 # --- reward functions ----------------------------------------------------------------------------------------------
@@ -119,6 +128,51 @@ def reward_values(output, name: str, n: int) -> list:
                 "completion, pass one reward function per score (reward_funcs=[...], weighted by reward_weights)."
             )
     return values
+
+
+# --- reward values that would spoil a step: +-inf, and rewards too large for the gradient --------------------------
+
+
+def unscorable_if_infinite(rewards_per_func: torch.Tensor, func_names: list[str], *, warn: bool):
+    """``(rewards_per_func, count)``: a completion with a +-inf reward becomes unscorable (its whole row NaN, TRL's
+    rule for "every function returned None"), and ``count`` such completions were found.
+
+    Such a completion leaves its group and gets advantage 0 in every estimator, TRL's ``grpo`` included, where an
+    infinite reward would otherwise make the whole group's advantages infinite. ``rewards_per_func`` is
+    ``[B, n_funcs]``, one column per name of ``func_names``; ``warn`` (the main process) issues an
+    :class:`InfiniteRewardWarning` naming the functions, so that it is never silent. The input is not modified.
+    """
+    infinite = torch.isinf(rewards_per_func)
+    rows = infinite.any(dim=1)
+    count = int(rows.sum())
+    if not count:
+        return rewards_per_func, 0
+    if warn:
+        per_func = ", ".join(f"{name!r} on {int(n)}" for name, n in zip(func_names, infinite.sum(dim=0).tolist()) if n)
+        warnings.warn(
+            f"Reward functions returned +inf or -inf ({per_func} of {rewards_per_func.size(0)} completions). "
+            f"Those {count} completions are treated as unscorable: excluded from their group, advantage 0 "
+            "(counted in otb/infinite_rewards). An infinite reward is almost always a bug in the reward function: "
+            "return a finite value, or None for a completion it cannot score.",
+            InfiniteRewardWarning,
+            stacklevel=2,  # OTBTrainer._calculate_rewards
+        )
+    rewards_per_func = rewards_per_func.clone()
+    rewards_per_func[rows] = torch.nan
+    return rewards_per_func, count
+
+
+def warn_nonfinite_grad_norm(step: int, grad_norm: float) -> None:
+    """A :class:`NonFiniteGradientWarning` for optimizer step ``step``: clipping by an infinite norm makes the step no
+    update, and without a word the run would go on learning nothing."""
+    warnings.warn(
+        f"The gradient norm of optimizer step {step} is {grad_norm}, so clipping turned the step into no update "
+        "(counted in otb/nonfinite_grad_norm). With finite rewards this means advantages too large for the gradient's "
+        "dtype: otb/advantage_abs_max shows them. Rescale the reward functions' outputs (rewards of order 1 are what "
+        "GRPO and OTB are tuned for), or set scale_rewards='group' with advantage_estimator='grpo'.",
+        NonFiniteGradientWarning,
+        stacklevel=3,  # the caller of OTBTrainer._get_grad_norm
+    )
 
 
 # --- datasets and prompts ------------------------------------------------------------------------------------------

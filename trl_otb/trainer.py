@@ -32,20 +32,19 @@ from trl.trainer.utils import add_fused_lm_head
 
 from . import compat, sharding
 from .bnb import guard_4bit_cpu_repack
-from .capture import BatchCapture, GatheredGroups, LogProbPass
+from .capture import BatchCapture, GatheredGroups, LogProbPass, recording_hook
 from .card import extend_model_card
 from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
-from .core import (
-    ESTIMATORS,
-    InfiniteRewardWarning,
-    NonFiniteGradientWarning,
-    compute_advantages,
-    logit_gradient_proxy,
-    otb_diagnostics,
-    uniform_proxy,
-)
+from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
-from .inputs import EmptyTrainingGuard, check_batch_prompts, check_datasets, checked_reward_funcs
+from .inputs import (
+    EmptyTrainingGuard,
+    check_batch_prompts,
+    check_datasets,
+    checked_reward_funcs,
+    unscorable_if_infinite,
+    warn_nonfinite_grad_norm,
+)
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
@@ -60,17 +59,6 @@ _FORWARD_KEYS = tuple(
 
 _HOOK_ATTR = "_trl_otb_forward_hook"
 """The model attribute holding the forward hook's handle of the OTBTrainer last built on it (None if it needs none)."""
-
-
-def _recording_hook(trainer_ref: weakref.ref):
-    """Forward hook: the fused head's output goes into the open capture of the trainer, while it lives."""
-
-    def hook(module, args, output):
-        trainer = trainer_ref()
-        if trainer is not None and trainer._otb_capture is not None:
-            trainer._otb_capture.record_forward(output)
-
-    return hook
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
@@ -146,7 +134,7 @@ class OTBTrainer(GRPOTrainer):
                 outputs=("log_probs", "entropy", "log_sum_sq_probs"),
             )
             # The hook holds the trainer weakly: the model must not keep a finished trainer alive.
-            self._otb_hook = self.model.register_forward_hook(_recording_hook(weakref.ref(self)))
+            self._otb_hook = self.model.register_forward_hook(recording_hook(weakref.ref(self)))
         setattr(self.model, _HOOK_ATTR, self._otb_hook)  # _generate_and_score_completions checks it is still ours
 
     # Introspection (IDEs, docs) shows every GRPOTrainer argument: __init__ passes them all through.
@@ -194,57 +182,24 @@ class OTBTrainer(GRPOTrainer):
     # --- _calculate_rewards also makes a completion with a +-inf reward unscorable (its row NaN) ---------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = self._otb_unscorable_if_infinite(
-            super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func, infinite = unscorable_if_infinite(
+            super()._calculate_rewards(inputs, prompts, completions, completion_ids_list),
+            self.reward_func_names,
+            warn=self.accelerator.is_main_process,
         )
+        self._metrics["train" if self.model.training else "eval"]["otb/infinite_rewards"].append(float(infinite))
         if self._otb_capture is not None:
             self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = function gave None
         return rewards_per_func
 
-    def _otb_unscorable_if_infinite(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        """A completion with a +-inf reward becomes unscorable (its whole row NaN, TRL's rule for "every function
-        returned None"): it leaves its group and gets advantage 0 in every estimator, TRL's ``grpo`` included, where
-        an infinite reward would otherwise make the whole group's advantages infinite. Warned and counted per step
-        (``otb/infinite_rewards``), never silent."""
-        infinite = torch.isinf(rewards_per_func)
-        rows = infinite.any(dim=1)
-        count = int(rows.sum())
-        self._metrics["train" if self.model.training else "eval"]["otb/infinite_rewards"].append(float(count))
-        if not count:
-            return rewards_per_func
-        if self.accelerator.is_main_process:
-            per_func = ", ".join(
-                f"{name!r} on {int(n)}" for name, n in zip(self.reward_func_names, infinite.sum(dim=0).tolist()) if n
-            )
-            warnings.warn(
-                f"Reward functions returned +inf or -inf ({per_func} of {rewards_per_func.size(0)} completions). "
-                f"Those {count} completions are treated as unscorable: excluded from their group, advantage 0 "
-                "(counted in otb/infinite_rewards). An infinite reward is almost always a bug in the reward function: "
-                "return a finite value, or None for a completion it cannot score.",
-                InfiniteRewardWarning,
-                stacklevel=2,
-            )
-        rewards_per_func = rewards_per_func.clone()
-        rewards_per_func[rows] = torch.nan
-        return rewards_per_func
-
     def _get_grad_norm(self, model, grad_norm=None):
         """transformers' gradient norm of this optimizer step; a non-finite one is warned and counted
-        (``otb/nonfinite_grad_norm``, the share of steps): clipping by an infinite norm makes the step no update, and
-        without a word the run would go on learning nothing."""
+        (``otb/nonfinite_grad_norm``, the share of steps)."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
         finite = grad_norm is None or math.isfinite(float(grad_norm))
         self._metrics["train"]["otb/nonfinite_grad_norm"].append(0.0 if finite else 1.0)
         if not finite and self.accelerator.is_main_process:
-            warnings.warn(
-                f"The gradient norm of optimizer step {self.state.global_step + 1} is {float(grad_norm)}, so clipping "
-                "turned the step into no update (counted in otb/nonfinite_grad_norm). With finite rewards this means "
-                "advantages too large for the gradient's dtype: otb/advantage_abs_max shows them. Rescale the reward "
-                "functions' outputs (rewards of order 1 are what GRPO and OTB are tuned for), or set "
-                "scale_rewards='group' with advantage_estimator='grpo'.",
-                NonFiniteGradientWarning,
-                stacklevel=2,
-            )
+            warn_nonfinite_grad_norm(self.state.global_step + 1, float(grad_norm))
         return grad_norm
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):

@@ -203,7 +203,7 @@ def test_peft_path_must_match_the_model(tiny_model):
 
 @pytest.mark.slow
 def test_fidelity_on_smollm2_lora(smollm2_dir):
-    from trl_otb.recipes.models import load_model_and_tokenizer
+    from trl_otb.demo.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(smollm2_dir, dtype=torch.float32)
     report = run_fidelity_check(model, tokenizer, ["What is 2 + 3?"], num_samples=2, max_new_tokens=4, peft="lora")

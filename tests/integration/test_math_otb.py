@@ -1,6 +1,6 @@
 """examples/math_otb.py end to end on the tiny model (full, LoRA, and QLoRA on the embedded SmolLM2), its recipes, and
-the checks that stop it before training. What it is made of: tests/recipes/ (test_hub.py for the Hub pre-flight and the
-offline switch, test_card.py for what trl_otb.recipes.card adds to the model card)."""
+the checks that stop it before training. What it is made of: tests/demo/ (test_hub.py for the Hub pre-flight and the
+offline switch, test_card.py for what trl_otb.demo.card adds to the model card)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trl_otb import OTBConfig
-from trl_otb.recipes.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME
+from trl_otb.demo.models import EMBEDDED_HUB_ID, EMBEDDED_MODEL_NAME
 from trl_otb.testing import fake_tracker_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
     assert card.index("### OTB settings") < card.index("### Math demo") < card.index("### Framework versions")
     assert f"| before training | {saved['accuracy_before']:.3f} |" in card
     assert f"| after training | {saved['accuracy_after']:.3f} |" in card
-    assert "scored by `trl_otb.recipes.rewards.accuracy_reward`" in card
+    assert "scored by `trl_otb.demo.rewards.accuracy_reward`" in card
     assert "arXiv:2602.07078" in card and "vonwerra2020trl" in card
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trl_otb import OTBConfig, OTBTrainer, otb_advantages
-from trl_otb.recipes.data import load_math_dataset
-from trl_otb.recipes.rewards import accuracy_reward, format_reward
+from trl_otb.demo.data import load_math_dataset
+from trl_otb.demo.rewards import accuracy_reward, format_reward
 
 pytestmark = pytest.mark.slow
 

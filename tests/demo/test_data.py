@@ -4,7 +4,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 from trl.data_utils import is_conversational
 
-from trl_otb.recipes.data import (
+from trl_otb.demo.data import (
     ANSWER_INSTRUCTION,
     DEFAULT_LEVEL,
     LEVELS,
@@ -16,7 +16,7 @@ from trl_otb.recipes.data import (
     generate_math_dataset,
     load_math_dataset,
 )
-from trl_otb.recipes.rewards import accuracy_reward
+from trl_otb.demo.rewards import accuracy_reward
 
 
 def problem_key(row):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trl_otb.recipes.rewards import (
+from trl_otb.demo.rewards import (
     FORMAT_REWARD,
     _within_deadline,
     accuracy_reward,

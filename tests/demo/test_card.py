@@ -1,18 +1,18 @@
-"""trl_otb.recipes.card: what the math demo adds to OTBTrainer's model card (trl_otb.card): the base model's Hub id and
+"""trl_otb.demo.card: what the math demo adds to OTBTrainer's model card (trl_otb.card): the base model's Hub id and
 license, and the held-out results. The cards the demo writes end to end: tests/integration/test_math_otb.py; the card
 of OTBTrainer itself: tests/test_card.py."""
 
 from __future__ import annotations
 
 from trl_otb import OTBTrainer
-from trl_otb.recipes.card import (
+from trl_otb.demo.card import (
     CardResults,
     base_model_description,
     base_model_hub_id,
     base_model_license,
     math_card,
 )
-from trl_otb.recipes.models import EMBEDDED_HUB_ID
+from trl_otb.demo.models import EMBEDDED_HUB_ID
 from trl_otb.testing import RecordingReward, make_args, prompts_dataset
 
 

@@ -1,4 +1,4 @@
-"""trl_otb.recipes.hub: the offline switch (read as huggingface_hub reads it, shared with the model loader) and the Hub
+"""trl_otb.demo.hub: the offline switch (read as huggingface_hub reads it, shared with the model loader) and the Hub
 pre-flight, without network: HfApi.whoami and the token lookup are monkeypatched."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_otb.recipes import models
-from trl_otb.recipes.hub import HubPreflightError, hub_offline, preflight_hub
-from trl_otb.recipes.models import EMBEDDED_HUB_ID, resolve_model
+from trl_otb.demo import models
+from trl_otb.demo.hub import HubPreflightError, hub_offline, preflight_hub
+from trl_otb.demo.models import EMBEDDED_HUB_ID, resolve_model
 
 # (environment, offline): huggingface_hub reads HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE when that is unset or empty.
 HUB_SWITCHES = [

@@ -3,7 +3,7 @@
 Every dataset comes out in TRL's conversational prompt format with the same columns:
 
 - ``prompt``: ``[{"role": "user", "content": ...}]``, the problem followed by ``ANSWER_INSTRUCTION``, which asks
-  for the final answer in ``\\boxed{}`` (the convention :mod:`trl_otb.recipes.rewards` scores);
+  for the final answer in ``\\boxed{}`` (the convention :mod:`trl_otb.demo.rewards` scores);
 - ``answer``: the gold final answer as a string that math-verify parses (``"7"``, ``"\\frac{1}{2}"``);
 - ``level``: the difficulty level for generated data, the source dataset's level or name otherwise.
 

@@ -137,7 +137,7 @@ def results_section(
         lines += [
             "",
             f"Held-out {results.metric} (greedy decoding, {results.samples} prompt{'s' * (results.samples != 1)}), "
-            "scored by `trl_otb.recipes.rewards.accuracy_reward`:",
+            "scored by `trl_otb.demo.rewards.accuracy_reward`:",
             "",
             "| | accuracy |",
             "|---|---|",

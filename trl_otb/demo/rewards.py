@@ -4,7 +4,7 @@ Both rewards take ``completions`` (strings, or conversational lists ``[{"role": 
 and the dataset's ``answer`` column, and return one float per completion, so they plug straight into
 ``GRPOTrainer(reward_funcs=[accuracy_reward, format_reward])``.
 
-The convention, shared with :mod:`trl_otb.recipes.data`: the final answer goes in the last ``\\boxed{...}``. The accuracy
+The convention, shared with :mod:`trl_otb.demo.data`: the final answer goes in the last ``\\boxed{...}``. The accuracy
 reward also accepts an ``Answer: ...`` line or, failing both, the last expression near the end of the completion,
 so that a model that has not yet learned the format still gets a learning signal; the format reward pays for the
 box alone.

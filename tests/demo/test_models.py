@@ -1,4 +1,4 @@
-"""Tests for trl_otb.recipes.models: finding, converting, caching and loading the embedded model.
+"""Tests for trl_otb.demo.models: finding, converting, caching and loading the embedded model.
 
 The cache tests replace the ~25 s GGUF conversion by a fake that writes one file, so they check
 the locking and atomic-rename logic in milliseconds; the real conversion runs once, in the
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_otb.recipes import models
-from trl_otb.recipes.models import (
+from trl_otb.demo import models
+from trl_otb.demo.models import (
     EMBEDDED_HUB_ID,
     EMBEDDED_MODEL_NAME,
     EmbeddedModelUnavailableError,
@@ -102,13 +102,13 @@ def test_a_converted_cache_is_used_without_gguf(fake_conversion, tmp_path, monke
 
 
 def test_the_package_imports_without_gguf_and_matplotlib():
-    """Both are extras (``embedded``, ``plots``): the trainer, the card and the recipes import without them."""
+    """Both are extras (``embedded``, ``plots``): the trainer, the card and the demo import without them."""
     code = (
         "import sys\n"
         "sys.modules['gguf'] = sys.modules['matplotlib'] = None\n"
         "import trl_otb, trl_otb.card, trl_otb.cli, trl_otb.trainer\n"
-        "import trl_otb.recipes.card, trl_otb.recipes.data, trl_otb.recipes.hub, trl_otb.recipes.models\n"
-        "import trl_otb.recipes.rewards\n"
+        "import trl_otb.demo.card, trl_otb.demo.data, trl_otb.demo.hub, trl_otb.demo.models\n"
+        "import trl_otb.demo.rewards\n"
         "print(trl_otb.OTBTrainer.__name__, 'gguf' in sys.modules and sys.modules['gguf'] is None)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
