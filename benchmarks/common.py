@@ -1,8 +1,8 @@
 """What the benchmark scripts share: model shapes built from a config (random weights, no download), the prompts and
 reward of the timed trainer runs, a step clock, one timed GRPOTrainer or OTBTrainer run, the JSON and plot writers.
 
-The scripts run as ``python benchmarks/<script>.py``, which puts this folder first on ``sys.path``; they import this
-module as ``common``. Heavy packages (torch, transformers, TRL) are imported inside the functions: a script may set
+The scripts run from the repository root as ``python -m benchmarks.<script>`` and import this module as
+``benchmarks.common``. Heavy packages (torch, transformers, TRL) are imported inside the functions: a script may set
 its environment (threads, vLLM's CPU settings) before torch loads.
 """
 
@@ -187,9 +187,11 @@ def tokens_to_target(curve: list[dict], target: float) -> float | None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def command(script: str) -> str:
-    """The command line that ran ``script`` (a file name in benchmarks/), as the JSON's ``meta.command``."""
-    return " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
+def command(script: str, argv: list[str] | None = None) -> str:
+    """The command line that ran ``script`` (a file name in benchmarks/) with ``argv`` (default: this process's
+    arguments), as the JSON's ``meta.command``."""
+    module = Path(script).stem
+    return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -1,8 +1,8 @@
 """The benchmark tables and quoted numbers of README.md and the docs, generated from the JSON files in
 benchmarks/results/, so that every number lives in one place.
 
-    python benchmarks/report.py            # rewrite every generated block of PAGES from the JSON files
-    python benchmarks/report.py --check    # exit 1 if a block is out of date, or if a page's prose quotes a number
+    python -m benchmarks.report            # rewrite every generated block of PAGES from the JSON files
+    python -m benchmarks.report --check    # exit 1 if a block is out of date, or if a page's prose quotes a number
                                            # that no generated block of that page shows (tests/test_docs.py)
 
 A generated block in a page is
@@ -944,7 +944,7 @@ def page_problems(page: str, text: str, results: Path = RESULTS) -> list[str]:
     prose numbers that no generated block shows (pages checked for it)."""
     problems = []
     if render(text, page_context(page, results)) != text:
-        problems.append(f"{page}: generated blocks differ from the JSON files; run python benchmarks/report.py")
+        problems.append(f"{page}: generated blocks differ from the JSON files; run python -m benchmarks.report")
     stray = stray_numbers(text, NOT_MEASURED.get(page, {})) if PAGES.get(page) else []
     if stray:
         problems.append(

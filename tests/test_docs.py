@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import report
 from trl_otb.config import otb_fields_markdown
-from trl_otb.testing import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,8 +37,6 @@ def test_readme_shows_both_commands_and_every_otb_field():
 
 # --- the README's first screen and the benchmark numbers ------------------------------------------------------------
 
-report = load_script(ROOT / "benchmarks" / "report.py")
-
 
 def markdown_section(text: str, heading: str) -> str:
     """The body of the section that starts with ``heading`` (a whole heading line), up to the next one as deep."""
@@ -53,7 +51,7 @@ def test_every_generated_benchmark_number_matches_its_json():
     README's summary equal what benchmarks/report.py makes from benchmarks/results/*.json, and the prose of the
     checked pages quotes no number that their generated blocks do not show."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "report.py"), "--check"], capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

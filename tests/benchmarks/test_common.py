@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from trl_otb.testing import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-common = load_script(ROOT / "benchmarks" / "common.py")
+from benchmarks import common
 
 
 def test_random_models_follow_their_shape(tiny_tokenizer):
