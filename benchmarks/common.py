@@ -169,6 +169,20 @@ def timed_training(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class CountingReward:
+    """``reward`` (a TRL reward function) that also adds up the completion tokens it scores, in ``tokens``: the x axis
+    of the training curves. It keeps ``reward``'s ``__name__``, which TRL logs the reward under."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.tokens = 0
+        self.__name__ = reward.__name__
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        self.tokens += sum(len(ids) for ids in completion_ids)
+        return self.reward(completions, **kwargs)
+
+
 def tokens_to_target(curve: list[dict], target: float) -> float | None:
     """Tokens at which the score first reaches ``target``, interpolated between evaluations (None: never).
 

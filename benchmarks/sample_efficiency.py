@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.common import (  # noqa: E402
+    CountingReward,
     build_random_model,
     command,
     pyplot,
@@ -160,26 +161,20 @@ def run_arm(arm: str, seed: int, args) -> dict:
     model, tokenizer = model_and_tokenizer(args.model, seed)
     data_seed = seed if args.data_seed is None else args.data_seed
     train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, data_seed, args.digits_len)
-    consumed = {"tokens": 0}
-
-    def counted(completions, completion_ids, **kwargs):
-        consumed["tokens"] += sum(len(ids) for ids in completion_ids)
-        return reward_fn(completions, **kwargs)
-
-    counted.__name__ = reward_fn.__name__
+    counted = CountingReward(reward_fn)
     curve = []
 
     class Eval(TrainerCallback):
         def on_step_end(self, a, state, control, model=None, **k):
-            done = bool(args.token_budget) and consumed["tokens"] >= args.token_budget
+            done = bool(args.token_budget) and counted.tokens >= args.token_budget
             if args.eval_tokens:
-                due = consumed["tokens"] // args.eval_tokens > curve[-1]["tokens"] // args.eval_tokens
+                due = counted.tokens // args.eval_tokens > curve[-1]["tokens"] // args.eval_tokens
             else:
                 due = state.global_step % args.eval_every == 0
             if due or done or state.global_step >= a.max_steps:
                 score = evaluate(model, tokenizer, test, reward_fn, args.max_completion_length)
-                curve.append({"step": state.global_step, "tokens": consumed["tokens"], "score": score})
-                print(f"  {arm} seed {seed} step {state.global_step}: tokens {consumed['tokens']} score {score:.3f}")
+                curve.append({"step": state.global_step, "tokens": counted.tokens, "score": score})
+                print(f"  {arm} seed {seed} step {state.global_step}: tokens {counted.tokens} score {score:.3f}")
             if done:
                 control.should_training_stop = True
 

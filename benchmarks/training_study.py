@@ -47,7 +47,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import command, pyplot, save_figure, tokens_to_target, write_json
+from benchmarks.common import CountingReward, command, pyplot, save_figure, tokens_to_target, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -178,26 +178,20 @@ def run_one(job: dict) -> dict:
     model, tok = study_task.warm_start(seed, job["cache"], job.get("warm_start_steps"), tasks)
     train_patterns, held_out = study_task.split_patterns(seed)
     reward = study_task.reward_function(task, cell.get("reward_offset", 0.0), cell.get("reward_quantum"))
-    tokens = {"n": 0}
-
-    def counted(completions, completion_ids, **kwargs):
-        tokens["n"] += sum(len(ids) for ids in completion_ids)
-        return reward(completions, **kwargs)
-
-    counted.__name__ = reward.__name__
+    counted = CountingReward(reward)
     budget, every = cell["token_budget"], cell["eval_every_tokens"]
     max_steps = job.get("max_steps") or _step_bound(cell, arm)
 
     def evaluate(step: int) -> None:
         if "eval_samples" not in cell:  # the first study
             score = study_task.held_out_score(model, tok, task, held_out, seed)
-            curve.append({"step": step, "tokens": tokens["n"], "score": score})
+            curve.append({"step": step, "tokens": counted.tokens, "score": score})
             return
         start = time.process_time()
         scores = study_task.held_out_samples(model, tok, task, held_out, seed, cell["eval_samples"])
         se = study_task.sampling_se(scores, cell["eval_samples"])
         eval_cpu["s"] += time.process_time() - start
-        curve.append({"step": step, "tokens": tokens["n"], "score": sum(scores) / len(scores), "se": se})
+        curve.append({"step": step, "tokens": counted.tokens, "score": sum(scores) / len(scores), "se": se})
 
     curve: list[dict] = []
     eval_cpu = {"s": 0.0}  # the second study's evaluations, to check the cost plan's allowance for them
@@ -205,8 +199,8 @@ def run_one(job: dict) -> dict:
 
     class Schedule(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            done = (budget and tokens["n"] >= budget) or state.global_step >= max_steps
-            due = every and tokens["n"] // every > curve[-1]["tokens"] // every
+            done = (budget and counted.tokens >= budget) or state.global_step >= max_steps
+            due = every and counted.tokens // every > curve[-1]["tokens"] // every
             if due or done:
                 evaluate(state.global_step)
             if done:
@@ -264,7 +258,7 @@ def run_one(job: dict) -> dict:
         "curve": curve,
         "steps": steps,
         "weights_moved": moved,
-        "tokens": tokens["n"],
+        "tokens": counted.tokens,
         "cpu_seconds": time.process_time() - cpu,
         "wall_seconds": time.perf_counter() - wall,
     }
