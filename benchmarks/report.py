@@ -51,7 +51,7 @@ TRAINING = "sample_efficiency_embedded_math"
 STUDY = "training_study"
 # The current trainer-overhead measurements (SmolLM2-135M + LoRA): JSON stem, configuration, and its row's label.
 OVERHEAD = (
-    ("overhead_smollm2_after_f73f862", "smollm2/on-policy", "on-policy, HF `generate`"),
+    ("overhead_smollm2_on_policy", "smollm2/on-policy", "on-policy, HF `generate`"),
     ("overhead_smollm2", "smollm2/off-policy", "off-policy, `steps_per_generation=2`"),
     ("overhead_smollm2_vllm", "smollm2/vllm-is-policy", "vLLM colocate, IS correction on"),
     ("overhead_smollm2_vllm", "smollm2/vllm-nois-policy", "vLLM colocate, IS correction off"),
@@ -368,8 +368,6 @@ def variance_legacy(ctx: Context, stem: str) -> str:
 
 # --- OTB's tail fallbacks: variance, squared bias, MSE (variance.py --fallbacks) ---------------------------------
 
-NEW_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
-
 
 def _tail_of(est: str) -> tuple[str, str]:
     """(tail, leave-one-out) of a --fallbacks estimator name; ("", "") for the sequence-level ones."""
@@ -663,10 +661,6 @@ ARM_LABELS = {
 }
 METRIC_LABELS = {"tokens_to_target": "tokens to target", "auc": "mean score over the budget", "final": "final score"}
 LOWER_IS_BETTER = {"tokens_to_target"}
-
-
-def _cell_label(name: str, spec: dict) -> str:
-    return f"{name} ({spec['task']}, lr {spec['learning_rate']:g})"
 
 
 def _better(metric: str, t: dict) -> str:

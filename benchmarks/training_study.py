@@ -440,7 +440,8 @@ def summarise(out: Path, cells: dict, meta: dict) -> dict:
 
 
 def _variance_check(out: Path) -> dict:
-    """OTB's paired variance ratios at N=4 from variance.py's JSON of each task, where it has been run."""
+    """OTB's paired variance ratios at N=4 from variance.py's JSON of each task, where it has been run
+    (``--variance-check`` writes them: results/variance_study_ramble.json and variance_study_copy.json)."""
     found = {}
     for task in ("ramble", "copy"):
         path = Path(out) / f"variance_study_{task}.json"
