@@ -104,10 +104,10 @@ quickstart: $(STAMP)
 	$(BIN)/python examples/quickstart.py
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/advantages_speed.py --quick
-	$(BIN)/python benchmarks/overhead.py --quick
-	$(BIN)/python benchmarks/variance.py --quick
-	$(BIN)/python benchmarks/sample_efficiency.py --quick
+	$(BIN)/python -m benchmarks.advantages_speed --quick
+	$(BIN)/python -m benchmarks.overhead --quick
+	$(BIN)/python -m benchmarks.variance --quick
+	$(BIN)/python -m benchmarks.sample_efficiency --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check trl_otb tests examples benchmarks .ci

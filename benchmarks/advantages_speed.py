@@ -1,8 +1,8 @@
 """Wall time of the advantage estimators against a minimal floor, from 0.1M to 8.4M tokens.
 
-    python benchmarks/advantages_speed.py            # 128 prompts x 8 completions x T in {128, 512, 2048, 8192}
-    python benchmarks/advantages_speed.py --quick    # small sizes, a few seconds
-    python benchmarks/advantages_speed.py --device cuda --sizes 128x8x2048 128x8x8192 --stem device_advantages_speed
+    python -m benchmarks.advantages_speed            # 128 prompts x 8 completions x T in {128, 512, 2048, 8192}
+    python -m benchmarks.advantages_speed --quick    # small sizes, a few seconds
+    python -m benchmarks.advantages_speed --device cuda --sizes 128x8x2048 128x8x8192 --stem device_advantages_speed
 
 On a GPU (``--device cuda``) the inputs live on the device and the clock is wall time with the device synchronised
 before and after each call (``meta.clock``); on the CPU it is this process's CPU time.
@@ -23,17 +23,13 @@ import argparse
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import command, pyplot, save_figure, write_json
 from trl_otb import grpo_advantages, ogb_advantages, opo_advantages, otb_advantages, rloo_advantages
-
-# common.py beside this file, also when a test imports the file by path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command, pyplot, save_figure, write_json  # noqa: E402
 
 FULL_SIZES = [(128, 8, 128), (128, 8, 512), (128, 8, 2048), (128, 8, 8192)]
 QUICK_SIZES = [(16, 8, 64), (16, 8, 256), (32, 8, 512)]

@@ -1,8 +1,8 @@
 """What the benchmark scripts share: model shapes built from a config (random weights, no download), the prompts and
 reward of the timed trainer runs, a step clock, one timed GRPOTrainer or OTBTrainer run, the JSON and plot writers.
 
-The scripts run as ``python benchmarks/<script>.py``, which puts this folder first on ``sys.path``; they import this
-module as ``common``. Heavy packages (torch, transformers, TRL) are imported inside the functions: a script may set
+The scripts run from the repository root as ``python -m benchmarks.<script>`` and import this module as
+``benchmarks.common``. Heavy packages (torch, transformers, TRL) are imported inside the functions: a script may set
 its environment (threads, vLLM's CPU settings) before torch loads.
 """
 
@@ -169,6 +169,20 @@ def timed_training(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class CountingReward:
+    """``reward`` (a TRL reward function) that also adds up the completion tokens it scores, in ``tokens``: the x axis
+    of the training curves. It keeps ``reward``'s ``__name__``, which TRL logs the reward under."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.tokens = 0
+        self.__name__ = reward.__name__
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        self.tokens += sum(len(ids) for ids in completion_ids)
+        return self.reward(completions, **kwargs)
+
+
 def tokens_to_target(curve: list[dict], target: float) -> float | None:
     """Tokens at which the score first reaches ``target``, interpolated between evaluations (None: never).
 
@@ -187,9 +201,11 @@ def tokens_to_target(curve: list[dict], target: float) -> float | None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def command(script: str) -> str:
-    """The command line that ran ``script`` (a file name in benchmarks/), as the JSON's ``meta.command``."""
-    return " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
+def command(script: str, argv: list[str] | None = None) -> str:
+    """The command line that ran ``script`` (a file name in benchmarks/) with ``argv`` (default: this process's
+    arguments), as the JSON's ``meta.command``."""
+    module = Path(script).stem
+    return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_json(path: Path, payload: dict) -> None:

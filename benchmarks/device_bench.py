@@ -1,8 +1,8 @@
 """GPU benchmarks on a real-shaped, randomly initialised model: trainer overhead and the fused head's sum pi^2 cost.
 
-    python benchmarks/device_bench.py overhead   --out DIR   # OTBTrainer vs GRPOTrainer, 1024 and 4096 tokens
-    python benchmarks/device_bench.py fused-head --out DIR   # TRL's fused LM head with and without log_sum_sq_probs
-    python benchmarks/device_bench.py overhead --dry-run     # CPU, tiny shape, tiny sizes: the same code path
+    python -m benchmarks.device_bench overhead   --out DIR   # OTBTrainer vs GRPOTrainer, 1024 and 4096 tokens
+    python -m benchmarks.device_bench fused-head --out DIR   # TRL's fused LM head with and without log_sum_sq_probs
+    python -m benchmarks.device_bench overhead --dry-run     # CPU, tiny shape, tiny sizes: the same code path
 
 Both are run by ``benchmarks/device_run.sh`` (the prepared GPU run). No download: the model is built from a config
 with the shapes of Qwen2.5-0.5B (default; vocabulary 151936, so the LM head is a large share of the work) or
@@ -32,17 +32,13 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
-
-from common import SHAPES, N, build_random_model, command, sync, timed_training, write_json  # noqa: E402
+from benchmarks.common import SHAPES, N, build_random_model, command, sync, timed_training, write_json  # noqa: E402
 
 
 def environment(device: str) -> dict:

@@ -86,9 +86,9 @@ part() {
     echo "== $name done at ${SECONDS} s"
 }
 
-part "1. trainer overhead" 62 "$PY" benchmarks/device_bench.py overhead "${OVERHEAD_ARGS[@]}" --out "$OUT_DIR"
-part "2. estimator speed" 8 "$PY" benchmarks/advantages_speed.py "${SPEED_ARGS[@]}" --stem device_advantages_speed \
+part "1. trainer overhead" 62 "$PY" -m benchmarks.device_bench overhead "${OVERHEAD_ARGS[@]}" --out "$OUT_DIR"
+part "2. estimator speed" 8 "$PY" -m benchmarks.advantages_speed "${SPEED_ARGS[@]}" --stem device_advantages_speed \
     --out "$OUT_DIR"
-part "3. fused head sum pi^2" 14 "$PY" benchmarks/device_bench.py fused-head "${FUSED_ARGS[@]}" --out "$OUT_DIR"
-part "4. sample efficiency" 0 "$PY" benchmarks/sample_efficiency.py "${EFFICIENCY_ARGS[@]}" --out "$OUT_DIR"
+part "3. fused head sum pi^2" 14 "$PY" -m benchmarks.device_bench fused-head "${FUSED_ARGS[@]}" --out "$OUT_DIR"
+part "4. sample efficiency" 0 "$PY" -m benchmarks.sample_efficiency "${EFFICIENCY_ARGS[@]}" --out "$OUT_DIR"
 echo "device_run ($DEVICE) finished in ${SECONDS} s; results in $OUT_DIR"

@@ -1,9 +1,9 @@
 """Step time and peak memory of OTBTrainer against GRPOTrainer on the same config and seeds.
 
-    python benchmarks/overhead.py --quick                       # tiny random Llama, on-policy, 1 pair (CI)
-    python benchmarks/overhead.py --models tiny --pairs 3       # tiny model, on- and off-policy
-    python benchmarks/overhead.py --models smollm2 --pairs 2    # embedded SmolLM2-135M with LoRA r=8 on q/v
-    python benchmarks/overhead.py --vllm --pairs 3              # vLLM colocate on CPU, correction on and off
+    python -m benchmarks.overhead --quick                       # tiny random Llama, on-policy, 1 pair (CI)
+    python -m benchmarks.overhead --models tiny --pairs 3       # tiny model, on- and off-policy
+    python -m benchmarks.overhead --models smollm2 --pairs 2    # embedded SmolLM2-135M with LoRA r=8 on q/v
+    python -m benchmarks.overhead --vllm --pairs 3              # vLLM colocate on CPU, correction on and off
 
 Every run is a fresh subprocess (so its peak RSS, ``getrusage(RUSAGE_SELF).ru_maxrss``, is its own), and runs are
 interleaved GRPO, OTB, GRPO, OTB, ... so that slow phases of a shared machine hit both trainers alike. Each run
@@ -37,10 +37,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
+from benchmarks.common import N, command, pyplot, save_figure, timed_training, write_json  # noqa: E402
 
-from common import N, command, pyplot, save_figure, timed_training, write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root, where each run's subprocess starts (``python -m benchmarks.overhead --worker``)."""
 
 MODELS = {
     # max_completion_length, prompt count per batch
@@ -130,11 +130,23 @@ def worker(args) -> dict:
 
 
 def run_subprocess(trainer, model, policy, args) -> dict:
-    out = Path(args.workdir) / f"run-{trainer}-{model}-{policy}-{time.monotonic_ns()}.json"
-    cmd = [sys.executable, __file__, "--worker", "--trainer", trainer, "--model", model, "--policy", policy]
+    workdir = str(Path(args.workdir).resolve())  # the subprocess starts in ROOT
+    out = Path(workdir) / f"run-{trainer}-{model}-{policy}-{time.monotonic_ns()}.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.overhead",
+        "--worker",
+        "--trainer",
+        trainer,
+        "--model",
+        model,
+        "--policy",
+        policy,
+    ]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
-    cmd += ["--threads", str(args.threads), "--workdir", args.workdir, "--worker-out", str(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not args.verbose else None)
+    cmd += ["--threads", str(args.threads), "--workdir", workdir, "--worker-out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL if not args.verbose else None)
     return json.loads(out.read_text())
 
 

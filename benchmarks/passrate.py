@@ -3,7 +3,7 @@
 GRPO learns only from groups whose rewards differ, so the default level must be neither too easy nor too hard for the
 model being trained. This script measures it; `trl_otb.demo.data.DEFAULT_LEVEL` was chosen with it.
 
-    python benchmarks/passrate.py --num-prompts 48 --samples 2 --max-new-tokens 64 --levels copy compare add1
+    python -m benchmarks.passrate --num-prompts 48 --samples 2 --max-new-tokens 64 --levels copy compare add1
 
 Prints a JSON with, per level, pass@1 (mean accuracy reward), the share of completions with a well-formed box, and the
 share of prompts whose samples disagree (the ones GRPO learns from); also written to ``--output``.

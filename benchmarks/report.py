@@ -1,8 +1,8 @@
 """The benchmark tables and quoted numbers of README.md and the docs, generated from the JSON files in
 benchmarks/results/, so that every number lives in one place.
 
-    python benchmarks/report.py            # rewrite every generated block of PAGES from the JSON files
-    python benchmarks/report.py --check    # exit 1 if a block is out of date, or if a page's prose quotes a number
+    python -m benchmarks.report            # rewrite every generated block of PAGES from the JSON files
+    python -m benchmarks.report --check    # exit 1 if a block is out of date, or if a page's prose quotes a number
                                            # that no generated block of that page shows (tests/test_docs.py)
 
 A generated block in a page is
@@ -51,7 +51,7 @@ TRAINING = "sample_efficiency_embedded_math"
 STUDY = "training_study"
 # The current trainer-overhead measurements (SmolLM2-135M + LoRA): JSON stem, configuration, and its row's label.
 OVERHEAD = (
-    ("overhead_smollm2_after_f73f862", "smollm2/on-policy", "on-policy, HF `generate`"),
+    ("overhead_smollm2_on_policy", "smollm2/on-policy", "on-policy, HF `generate`"),
     ("overhead_smollm2", "smollm2/off-policy", "off-policy, `steps_per_generation=2`"),
     ("overhead_smollm2_vllm", "smollm2/vllm-is-policy", "vLLM colocate, IS correction on"),
     ("overhead_smollm2_vllm", "smollm2/vllm-nois-policy", "vLLM colocate, IS correction off"),
@@ -368,8 +368,6 @@ def variance_legacy(ctx: Context, stem: str) -> str:
 
 # --- OTB's tail fallbacks: variance, squared bias, MSE (variance.py --fallbacks) ---------------------------------
 
-NEW_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
-
 
 def _tail_of(est: str) -> tuple[str, str]:
     """(tail, leave-one-out) of a --fallbacks estimator name; ("", "") for the sequence-level ones."""
@@ -665,10 +663,6 @@ METRIC_LABELS = {"tokens_to_target": "tokens to target", "auc": "mean score over
 LOWER_IS_BETTER = {"tokens_to_target"}
 
 
-def _cell_label(name: str, spec: dict) -> str:
-    return f"{name} ({spec['task']}, lr {spec['learning_rate']:g})"
-
-
 def _better(metric: str, t: dict) -> str:
     """'better' / 'worse' for OTB when the paired interval excludes 0, else ''."""
     if not t["differ"]:
@@ -944,7 +938,7 @@ def page_problems(page: str, text: str, results: Path = RESULTS) -> list[str]:
     prose numbers that no generated block shows (pages checked for it)."""
     problems = []
     if render(text, page_context(page, results)) != text:
-        problems.append(f"{page}: generated blocks differ from the JSON files; run python benchmarks/report.py")
+        problems.append(f"{page}: generated blocks differ from the JSON files; run python -m benchmarks.report")
     stray = stray_numbers(text, NOT_MEASURED.get(page, {})) if PAGES.get(page) else []
     if stray:
         problems.append(

@@ -1,8 +1,8 @@
 """Held-out score against completion tokens consumed: OTB N=4, GRPO N=4 and GRPO N=16, over seeds.
 
-    python benchmarks/sample_efficiency.py --quick                          # tiny random model, CPU, seconds
-    python benchmarks/sample_efficiency.py --model embedded --task math     # embedded SmolLM2, math, accuracy
-    python benchmarks/sample_efficiency.py --cpu-run                        # the CPU run of docs/benchmarks.md
+    python -m benchmarks.sample_efficiency --quick                          # tiny random model, CPU, seconds
+    python -m benchmarks.sample_efficiency --model embedded --task math     # embedded SmolLM2, math, accuracy
+    python -m benchmarks.sample_efficiency --cpu-run                        # the CPU run of docs/benchmarks.md
     bash benchmarks/device_run.sh                                           # the GPU run (random-init, real shape)
 
 Every arm trains on the same prompts per step (``--prompts-per-step``), so GRPO N=16 consumes four times the
@@ -30,7 +30,6 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,10 +38,15 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
-
-from common import build_random_model, command, pyplot, save_figure, tokens_to_target, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CountingReward,
+    build_random_model,
+    command,
+    pyplot,
+    save_figure,
+    tokens_to_target,
+    write_json,
+)
 
 ARMS = {"otb_N4": ("otb", 4), "grpo_N4": ("grpo", 4), "grpo_N16": ("grpo", 16)}
 DIGIT_TEMPLATES_TRAIN = ("Write the digit {d} many times.", "Repeat {d}.", "Say {d} again and again.")
@@ -157,26 +161,20 @@ def run_arm(arm: str, seed: int, args) -> dict:
     model, tokenizer = model_and_tokenizer(args.model, seed)
     data_seed = seed if args.data_seed is None else args.data_seed
     train, test, reward_fn = build_task(args.task, args.num_train, args.num_test, data_seed, args.digits_len)
-    consumed = {"tokens": 0}
-
-    def counted_reward(completions, completion_ids, **kwargs):
-        consumed["tokens"] += sum(len(ids) for ids in completion_ids)
-        return reward_fn(completions, **kwargs)
-
-    counted_reward.__name__ = reward_fn.__name__
+    counted = CountingReward(reward_fn)
     curve = []
 
     class Eval(TrainerCallback):
         def on_step_end(self, a, state, control, model=None, **k):
-            done = bool(args.token_budget) and consumed["tokens"] >= args.token_budget
+            done = bool(args.token_budget) and counted.tokens >= args.token_budget
             if args.eval_tokens:
-                due = consumed["tokens"] // args.eval_tokens > curve[-1]["tokens"] // args.eval_tokens
+                due = counted.tokens // args.eval_tokens > curve[-1]["tokens"] // args.eval_tokens
             else:
                 due = state.global_step % args.eval_every == 0
             if due or done or state.global_step >= a.max_steps:
                 score = evaluate(model, tokenizer, test, reward_fn, args.max_completion_length)
-                curve.append({"step": state.global_step, "tokens": consumed["tokens"], "score": score})
-                print(f"  {arm} seed {seed} step {state.global_step}: tokens {consumed['tokens']} score {score:.3f}")
+                curve.append({"step": state.global_step, "tokens": counted.tokens, "score": score})
+                print(f"  {arm} seed {seed} step {state.global_step}: tokens {counted.tokens} score {score:.3f}")
             if done:
                 control.should_training_stop = True
 
@@ -204,9 +202,7 @@ def run_arm(arm: str, seed: int, args) -> dict:
     start_score = evaluate(model, tokenizer, test, reward_fn, args.max_completion_length)
     curve.append({"step": 0, "tokens": 0, "score": start_score})
     print(f"  {arm} seed {seed} step 0: score {start_score:.3f}", flush=True)
-    trainer = OTBTrainer(
-        model, reward_funcs=counted_reward, args=config, train_dataset=train, processing_class=tokenizer
-    )
+    trainer = OTBTrainer(model, reward_funcs=counted, args=config, train_dataset=train, processing_class=tokenizer)
     trainer.add_callback(Eval())
     start = time.perf_counter()
     trainer.train()

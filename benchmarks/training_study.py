@@ -1,14 +1,14 @@
 """Does OTB train better? A pre-registered, multi-seed training study with paired intervals.
 
-    python benchmarks/training_study.py --quick              # tiny: 1 seed, 2 steps per arm, seconds (the tests)
-    python benchmarks/training_study.py --variance-check     # the precondition: variance.py on each cell's task
-    python benchmarks/training_study.py                      # every (cell, arm, seed) not yet run, then the summary
-    python benchmarks/training_study.py --cells long --seeds 10 11 12   # extend a cell with more seeds
-    python benchmarks/training_study.py --summary            # rebuild the summary from the finished runs only
-    python benchmarks/training_study.py --pilot 1e-4 2e-4 5e-4 1e-3 2e-3                  # how the learning rates
-    python benchmarks/training_study.py --pilot 2e-4 5e-4 1e-3 2e-3 --pilot-cell short    # were chosen
+    python -m benchmarks.training_study --quick              # tiny: 1 seed, 2 steps per arm, seconds (the tests)
+    python -m benchmarks.training_study --variance-check     # the precondition: variance.py on each cell's task
+    python -m benchmarks.training_study                      # every (cell, arm, seed) not yet run, then the summary
+    python -m benchmarks.training_study --cells long --seeds 10 11 12   # extend a cell with more seeds
+    python -m benchmarks.training_study --summary            # rebuild the summary from the finished runs only
+    python -m benchmarks.training_study --pilot 1e-4 2e-4 5e-4 1e-3 2e-3                  # how the learning rates
+    python -m benchmarks.training_study --pilot 2e-4 5e-4 1e-3 2e-3 --pilot-cell short    # were chosen
 
-    python benchmarks/training_study.py --study 2 ...    # the second study (issue 26): STUDY2, below
+    python -m benchmarks.training_study --study 2 ...    # the second study (issue 26): STUDY2, below
 
 Two studies live here. The first (PREREGISTRATION, results in training_study/ and training_study.json) is closed
 and kept as it ran. The second (STUDY2, results in training_study2/ and training_study2.json) asks which OTB
@@ -44,12 +44,10 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # common.py and study_task.py beside this file, also when a test loads it by path
+from benchmarks.common import CountingReward, command, pyplot, save_figure, tokens_to_target, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -166,10 +164,10 @@ def run_one(job: dict) -> dict:
     import torch
 
     torch.set_num_threads(job["threads"])
-    import study_task
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
+    from benchmarks import study_task
     from trl_otb import OTBConfig, OTBTrainer
 
     cell, seed = job["cell_spec"], job["seed"]
@@ -180,26 +178,20 @@ def run_one(job: dict) -> dict:
     model, tok = study_task.warm_start(seed, job["cache"], job.get("warm_start_steps"), tasks)
     train_patterns, held_out = study_task.split_patterns(seed)
     reward = study_task.reward_function(task, cell.get("reward_offset", 0.0), cell.get("reward_quantum"))
-    tokens = {"n": 0}
-
-    def counted(completions, completion_ids, **kwargs):
-        tokens["n"] += sum(len(ids) for ids in completion_ids)
-        return reward(completions, **kwargs)
-
-    counted.__name__ = reward.__name__
+    counted = CountingReward(reward)
     budget, every = cell["token_budget"], cell["eval_every_tokens"]
     max_steps = job.get("max_steps") or _step_bound(cell, arm)
 
     def evaluate(step: int) -> None:
         if "eval_samples" not in cell:  # the first study
             score = study_task.held_out_score(model, tok, task, held_out, seed)
-            curve.append({"step": step, "tokens": tokens["n"], "score": score})
+            curve.append({"step": step, "tokens": counted.tokens, "score": score})
             return
         start = time.process_time()
         scores = study_task.held_out_samples(model, tok, task, held_out, seed, cell["eval_samples"])
         se = study_task.sampling_se(scores, cell["eval_samples"])
         eval_cpu["s"] += time.process_time() - start
-        curve.append({"step": step, "tokens": tokens["n"], "score": sum(scores) / len(scores), "se": se})
+        curve.append({"step": step, "tokens": counted.tokens, "score": sum(scores) / len(scores), "se": se})
 
     curve: list[dict] = []
     eval_cpu = {"s": 0.0}  # the second study's evaluations, to check the cost plan's allowance for them
@@ -207,8 +199,8 @@ def run_one(job: dict) -> dict:
 
     class Schedule(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            done = (budget and tokens["n"] >= budget) or state.global_step >= max_steps
-            due = every and tokens["n"] // every > curve[-1]["tokens"] // every
+            done = (budget and counted.tokens >= budget) or state.global_step >= max_steps
+            due = every and counted.tokens // every > curve[-1]["tokens"] // every
             if due or done:
                 evaluate(state.global_step)
             if done:
@@ -266,7 +258,7 @@ def run_one(job: dict) -> dict:
         "curve": curve,
         "steps": steps,
         "weights_moved": moved,
-        "tokens": tokens["n"],
+        "tokens": counted.tokens,
         "cpu_seconds": time.process_time() - cpu,
         "wall_seconds": time.perf_counter() - wall,
     }
@@ -336,8 +328,6 @@ def collapsed(run: dict) -> bool:
 
 
 def run_metrics(run: dict, cell: dict) -> dict:
-    from common import tokens_to_target
-
     reached = tokens_to_target(run["curve"], cell["target"])
     budget = cell["token_budget"] or run["tokens"]
     norms = [s["grad_norm"] for s in run["steps"] if s.get("grad_norm") is not None]
@@ -430,8 +420,6 @@ def load_runs(out: Path, cells: dict) -> dict[str, list[dict]]:
 
 
 def summarise(out: Path, cells: dict, meta: dict) -> dict:
-    from common import write_json
-
     runs = load_runs(out, cells)
     summary = {
         "meta": meta,
@@ -452,7 +440,8 @@ def summarise(out: Path, cells: dict, meta: dict) -> dict:
 
 
 def _variance_check(out: Path) -> dict:
-    """OTB's paired variance ratios at N=4 from variance.py's JSON of each task, where it has been run."""
+    """OTB's paired variance ratios at N=4 from variance.py's JSON of each task, where it has been run
+    (``--variance-check`` writes them: results/variance_study_ramble.json and variance_study_copy.json)."""
     found = {}
     for task in ("ramble", "copy"):
         path = Path(out) / f"variance_study_{task}.json"
@@ -475,8 +464,6 @@ def _variance_check(out: Path) -> dict:
 
 def plot(runs: dict, cells: dict, path: Path, arms=None) -> None:
     """Per cell: each arm's median held-out score against completion tokens, with the band of its seeds."""
-    from common import pyplot, save_figure
-
     shown = [c for c in cells if runs.get(c)]
     if not shown:
         return
@@ -528,8 +515,6 @@ def jobs_to_run(args, cells: dict) -> list[dict]:
 
 
 def _run_and_store(job: dict) -> dict:
-    from common import write_json
-
     run = run_one(job)
     write_json(run_path(job["out"], job["cell"], job["arm"], job["seed"], job.get("folder", "training_study")), run)
     return run
@@ -539,7 +524,7 @@ def warm_up(args) -> None:
     """Make (or load) every seed's warm-started policy, ``--jobs`` at a time, before the runs use them."""
     import multiprocessing as mp
 
-    import study_task
+    from benchmarks import study_task
 
     task_sets = getattr(args, "warm_start_task_sets", [study_task.WARM_START_TASKS])
     specs = [
@@ -563,7 +548,7 @@ def _warm(spec) -> int:
 
     seed, cache, steps, threads, tasks = spec
     torch.set_num_threads(threads)
-    import study_task
+    from benchmarks import study_task
 
     study_task.warm_start(seed, cache, steps, tasks)
     return seed
@@ -571,7 +556,7 @@ def _warm(spec) -> int:
 
 def variance_check(args) -> None:
     """variance.py on each task at the warm-started policy of the first seed: the study's precondition."""
-    import variance
+    from benchmarks import variance
 
     for task in ("ramble", "copy"):
         variance.main(
@@ -596,12 +581,12 @@ def variance_check(args) -> None:
 # The second study (issue 26): which OTB should be the default?
 # ================================================================================================================
 #
-#     python benchmarks/training_study.py --study 2 --quick                     # tiny: seconds per run (the tests)
-#     python benchmarks/training_study.py --study 2 --pilot --task ramble       # the learning-rate pilot of a task
-#     python benchmarks/training_study.py --study 2 --record-rates              # pilots -> the rates file
-#     python benchmarks/training_study.py --study 2 --plan                      # the runs and their estimated cost
-#     python benchmarks/training_study.py --study 2                             # every run not yet done; summary
-#     python benchmarks/training_study.py --study 2 --summary                   # the summary from finished runs
+#     python -m benchmarks.training_study --study 2 --quick                     # tiny: seconds per run (the tests)
+#     python -m benchmarks.training_study --study 2 --pilot --task ramble       # the learning-rate pilot of a task
+#     python -m benchmarks.training_study --study 2 --record-rates              # pilots -> the rates file
+#     python -m benchmarks.training_study --study 2 --plan                      # the runs and their estimated cost
+#     python -m benchmarks.training_study --study 2                             # every run not yet done; summary
+#     python -m benchmarks.training_study --study 2 --summary                   # the summary from finished runs
 #
 # Everything that decides the answer is in STUDY2, committed before any study-2 run (the pilot included). The
 # two shift-invariant candidates are named in CANDIDATES, with the numbers that chose them; the learning rates
@@ -849,7 +834,7 @@ def pilot_cells2(task: str) -> dict:
 
 def jobs_to_run2(args, cells: dict, rates: dict) -> list[dict]:
     """Every planned (cell, arm, seed) without a finished JSON, interleaved by seed."""
-    import study_task
+    from benchmarks import study_task
 
     jobs = []
     for cell, arm, seed in study2_plan(cells, args.arms, args.seeds, quick=args.quick):
@@ -1025,8 +1010,6 @@ def decide_default(summary: dict, candidates: dict = CANDIDATES, arms: dict = No
 
 def summarise2(out: Path, cells: dict, meta: dict, rates: dict) -> dict:
     """The second study's summary (or a pilot's), from the finished runs only."""
-    from common import write_json
-
     runs = {}
     for cell in cells:
         folder = Path(out) / STUDY2_FOLDER / cell
@@ -1081,8 +1064,6 @@ def choose_rates(pilot_cells: dict) -> dict:
 def record_rates(out: Path) -> dict:
     """The rates file from every pilot summary present: the chosen rate per task and arm, each arm's auc over the
     grid, and long_right's target by STUDY2's target rule."""
-    from common import write_json
-
     record = {"rule": STUDY2["learning_rates"]["rule"], "rates": {}, "auc": {}, "targets": {}, "pilots": []}
     for task in PILOT_CELL:
         path = Path(out) / f"training_study2_pilot_{task}.json"
@@ -1190,7 +1171,7 @@ def cost_plan(first_study: dict, jobs: int = 2) -> dict:
 
 def parse_study2(args, parser):
     """--study 2's arguments: its arms, cells, seeds and modes."""
-    import study_task
+    from benchmarks import study_task
 
     args.arms = args.arms or list(STUDY2["arms"])
     unknown = set(args.arms) - set(STUDY2["arms"])
@@ -1217,8 +1198,6 @@ def parse_study2(args, parser):
 
 def main2(args) -> dict | None:
     """--study 2: the plan, the rates file, or the runs not yet done and the summary."""
-    from common import command
-
     meta = {
         "command": command("training_study.py"),
         "study": 2,
@@ -1340,7 +1319,7 @@ def parse_args(argv=None):
     args.warm_start_steps = QUICK["warm_start_steps"] if args.quick else None
     args.max_steps = QUICK["max_steps"] if args.quick else None
     if args.warm_start_steps is None:
-        import study_task
+        from benchmarks import study_task
 
         args.warm_start_steps = study_task.WARM_START["steps"]
     args.out = Path(args.out)
@@ -1351,8 +1330,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.study == 2:
         return main2(args)
-    from common import command
-
     meta = {
         "command": command("training_study.py"),
         "quick": args.quick,

@@ -1,9 +1,9 @@
 """Gradient variance of the advantage estimators, in the LM head's and in a LoRA adapter's parameter space.
 
-    python benchmarks/variance.py            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
-    python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024   # long answers, LM head only
-    python benchmarks/variance.py --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
-    python benchmarks/variance.py --task count --pool 12 --horizons 256 512 1024 --fallbacks \
+    python -m benchmarks.variance            # embedded SmolLM2-135M, generated math prompts, horizons 64 and 256
+    python -m benchmarks.variance --task count --pool 12 --horizons 256 512 1024   # long answers, LM head only
+    python -m benchmarks.variance --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
+    python -m benchmarks.variance --task count --pool 12 --horizons 256 512 1024 --fallbacks \
         --stem variance_fallbacks_count12    # OTB's tail fallbacks: variance, squared bias and MSE of each candidate
 
 Prompts. Candidates are tried in a fixed order (math: the first 64 generated training prompts; count: one per
@@ -81,7 +81,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,12 +90,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.common import command, pyplot, save_figure, write_json  # noqa: E402
 from trl_otb import compute_advantages, sum_pi_squared  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # common.py beside this file, also when a test imports the file by path
-
-from common import command, pyplot, save_figure, write_json  # noqa: E402
 
 VARIANCE_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),
@@ -1031,7 +1026,7 @@ STUDY_TASKS = {"study-ramble": "ramble", "study-copy": "copy"}
 
 def study_setup(task: str, num_prompts: int, seed: int):
     """The training study's policy of ``seed`` and the first ``num_prompts`` of its training patterns."""
-    import study_task
+    from benchmarks import study_task
 
     spec = study_task.TASKS[STUDY_TASKS[task]]
     model, tokenizer = study_task.warm_start(seed, Path(".cache/training_study"))
@@ -1217,7 +1212,7 @@ def plan(args) -> Plan:
     q = args.quick
     study = STUDY_TASKS.get(args.task)
     if study and not args.horizons:  # the task's own completion length
-        import study_task
+        from benchmarks import study_task
 
         args.horizons = [study_task.TASKS[study].max_completion_length]
     horizons = sorted(args.horizons or ([8, 24] if q else [64, 256]))
@@ -1499,7 +1494,7 @@ def replot(args) -> None:
 def main(argv=None):
     args = parse_args(argv)
     # The command that reproduces this run: its own arguments when another script calls main(argv).
-    args.command = command("variance.py") if argv is None else " ".join(["python benchmarks/variance.py", *argv])
+    args.command = command("variance.py", argv)
     if args.replot:
         return replot(args)
     torch.set_num_threads(args.threads)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import report
 from trl_otb.config import otb_fields_markdown
-from trl_otb.testing import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,8 +37,6 @@ def test_readme_shows_both_commands_and_every_otb_field():
 
 # --- the README's first screen and the benchmark numbers ------------------------------------------------------------
 
-report = load_script(ROOT / "benchmarks" / "report.py")
-
 
 def markdown_section(text: str, heading: str) -> str:
     """The body of the section that starts with ``heading`` (a whole heading line), up to the next one as deep."""
@@ -53,7 +51,7 @@ def test_every_generated_benchmark_number_matches_its_json():
     README's summary equal what benchmarks/report.py makes from benchmarks/results/*.json, and the prose of the
     checked pages quotes no number that their generated blocks do not show."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "report.py"), "--check"], capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -194,6 +192,53 @@ def test_local_links_in_readme_and_docs_resolve():
             elif anchor and resolved.suffix == ".md" and anchor not in _heading_anchors(resolved):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert checked > 10 and not broken, broken
+
+
+def orphaned_results(results: Path, places: list[Path], device_page: Path) -> list[str]:
+    """The files under ``results`` that nothing names. A JSON (or log) is referenced when its file name appears in
+    one of ``places``; a device result (``results/device/``) only when ``device_page`` names it; a plot counts with
+    the JSON its script wrote beside it (same stem); the run records under ``results/<folder>/`` count with the
+    summary built from them, ``results/<folder>.json``."""
+    text = "\n".join(path.read_text() for path in places)
+    device_text = device_page.read_text()
+
+    def named(path: Path) -> bool:
+        return path.name in (device_text if path.parent.name == "device" else text)
+
+    orphans = []
+    for path in sorted(p for p in results.rglob("*") if p.is_file()):
+        parts = path.relative_to(results).parts
+        if len(parts) > 1 and parts[0] != "device":
+            referenced = named(results / f"{parts[0]}.json")
+        else:
+            referenced = named(path) or (path.suffix == ".png" and named(path.with_suffix(".json")))
+        if not referenced:
+            orphans.append(str(path.relative_to(results)))
+    return orphans
+
+
+def test_every_result_file_is_referenced(tmp_path):
+    """Every file in benchmarks/results/ is named by the README, a docs page or a benchmark script (device results
+    by docs/benchmarks.md): a result nothing quotes is removed, or retired with its table to
+    docs/benchmarks_details.md. A stray file is caught."""
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    places.append(ROOT / "benchmarks" / "device_run.sh")
+    results, device_page = ROOT / "benchmarks" / "results", ROOT / "docs" / "benchmarks.md"
+    assert orphaned_results(results, places, device_page) == []
+    fake = tmp_path / "results"
+    (fake / "device").mkdir(parents=True)
+    (fake / "study" / "cell").mkdir(parents=True)
+    for name in (
+        "a.json",
+        "a.png",
+        "study.json",
+        "study/cell/arm-s0.json",
+        "stray_after_abc123.json",
+        "device/x.json",
+    ):
+        (fake / name).write_text("{}")
+    (tmp_path / "index.md").write_text("a.json study.json x.json")
+    assert orphaned_results(fake, [tmp_path / "index.md"], device_page) == ["device/x.json", "stray_after_abc123.json"]
 
 
 def _study(paired: dict, collapsed: dict | None = None) -> dict:

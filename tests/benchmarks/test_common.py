@@ -1,17 +1,14 @@
-"""benchmarks/common.py: the random models the benchmarks build, and the plots' missing-extra message."""
+"""benchmarks/common.py: the random models the benchmarks build, the counting reward of the training curves, and the
+plots' missing-extra message."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from trl_otb.testing import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-common = load_script(ROOT / "benchmarks" / "common.py")
+from benchmarks import common
 
 
 def test_random_models_follow_their_shape(tiny_tokenizer):
@@ -29,6 +26,20 @@ def test_random_models_follow_their_shape(tiny_tokenizer):
     assert own.config.vocab_size == own.get_output_embeddings().weight.shape[0] == len(tiny_tokenizer)
     with pytest.raises(ValueError, match="vocabulary smaller than the tokenizer"):
         common.build_random_model("tiny-qwen2", tiny_tokenizer, vocab_size=len(tiny_tokenizer) - 1)
+
+
+def test_counting_reward_adds_up_completion_tokens_and_keeps_the_reward():
+    """common.CountingReward: the wrapped reward's scores and name, and every scored completion's tokens added up over
+    calls (the x axis of sample_efficiency.py's and training_study.py's curves)."""
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) + kwargs["bonus"] for c in completions]
+
+    counted = common.CountingReward(length_reward)
+    assert counted.__name__ == "length_reward" and counted.tokens == 0
+    assert counted(["ab", "c"], completion_ids=[[1, 2], [3]], bonus=1.0) == [3.0, 2.0]
+    assert counted(["defg"], completion_ids=[[4, 5, 6, 7]], bonus=0.0) == [4.0]
+    assert counted.tokens == 7
 
 
 def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from trl_otb.testing import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks import overhead
 
 
 def test_overhead_pieces_time_each_piece():
-    overhead = load_script(ROOT / "benchmarks" / "overhead.py")
     pieces = overhead.time_pieces(repeats=3)
     assert set(pieces) == {"collector_per_token", "otb_advantages", "otb_diagnostics"}
     assert all(us > 0 for us in pieces.values())

@@ -12,19 +12,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPTS = ["advantages_speed.py", "overhead.py", "variance.py", "sample_efficiency.py"]
+SCRIPTS = ["advantages_speed", "overhead", "variance", "sample_efficiency"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_quick_mode_writes_json_and_png(script, tmp_path):
-    stem = script.removesuffix(".py") + "_quick"
+    stem = f"{script}_quick"
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", f"benchmarks.{script}", "--quick", "--out", str(tmp_path)],
         check=True,
         cwd=ROOT,
         capture_output=True,
     )
     data = json.loads((tmp_path / f"{stem}.json").read_text())
-    assert data["meta"]["command"].startswith(f"python benchmarks/{script}")
+    assert data["meta"]["command"].startswith(f"python -m benchmarks.{script} --quick")
     assert (tmp_path / f"{stem}.png").stat().st_size > 0

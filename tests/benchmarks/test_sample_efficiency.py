@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from trl_otb.testing import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-sample_efficiency = load_script(ROOT / "benchmarks" / "sample_efficiency.py")
+from benchmarks import sample_efficiency
 
 
 def test_tokens_to_target_interpolates_between_evaluations():

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from trl_otb.testing import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-study_task = load_script(ROOT / "benchmarks" / "study_task.py")
+from benchmarks import study_task
 
 
 def test_study_task_answers_and_scores():

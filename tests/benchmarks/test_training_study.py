@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_otb.testing import load_script
+from benchmarks import study_task, training_study
 
 ROOT = Path(__file__).resolve().parents[2]
-training_study = load_script(ROOT / "benchmarks" / "training_study.py")
-study_task = load_script(ROOT / "benchmarks" / "study_task.py")
 
 
 def test_study_curve_metrics_follow_their_definitions():
@@ -92,7 +90,8 @@ def test_study_arms_set_their_reward_scaling_so_the_config_default_never_reaches
 def test_study_quick_mode_trains_every_arm_and_resumes(tmp_path):
     command = [
         sys.executable,
-        str(ROOT / "benchmarks" / "training_study.py"),
+        "-m",
+        "benchmarks.training_study",
         "--quick",
         "--out",
         str(tmp_path),
@@ -113,7 +112,7 @@ def test_study_quick_mode_trains_every_arm_and_resumes(tmp_path):
     cell = summary["cells"]["short"]
     assert set(cell["arms"]) == set(training_study.PREREGISTRATION["arms"])
     assert set(cell["paired"]) == {f"otb_N4-{a}" for a in training_study.PREREGISTRATION["arms"] if a != "otb_N4"}
-    assert summary["meta"]["command"].startswith("python benchmarks/training_study.py --quick")
+    assert summary["meta"]["command"].startswith("python -m benchmarks.training_study --quick")
     assert (tmp_path / "training_study_quick.png").stat().st_size > 0
     again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "0 runs to do" in again.stdout  # every finished run is kept, none is run twice
@@ -383,7 +382,8 @@ def quick2(tmp_path_factory):
     out = tmp_path_factory.mktemp("study2")
     command = [
         sys.executable,
-        str(ROOT / "benchmarks" / "training_study.py"),
+        "-m",
+        "benchmarks.training_study",
         "--study",
         "2",
         "--quick",
@@ -422,7 +422,7 @@ def test_study2_quick_mode_trains_every_arm_and_the_long_right_task_and_resumes(
         }
     assert all(a["final_se_median"] >= 0 for a in long["arms"].values())
     assert summary["decision"]["arm"] != "otb_ref"
-    assert summary["meta"]["command"].startswith("python benchmarks/training_study.py --study 2 --quick")
+    assert summary["meta"]["command"].startswith("python -m benchmarks.training_study --study 2 --quick")
     again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "0 runs to do" in again.stdout  # every finished run is kept, none is run twice
 

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_otb.testing import load_script
+from benchmarks import variance
 
 ROOT = Path(__file__).resolve().parents[2]
-variance = load_script(ROOT / "benchmarks" / "variance.py")
 
 
 def tiny_pool(tiny_model, M=4, L=7, prompt_len=5, seed=0):
@@ -619,7 +618,8 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
                 assert checks[f"shift_{variance.fallback_name(tail, loo)}"] < 1e-6
         assert checks["shift_otb"] > 0.1  # the reference tail is not shift-invariant
     # benchmarks/report.py's blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
-    report = load_script(ROOT / "benchmarks" / "report.py")
+    from benchmarks import report
+
     ctx = report.Context(results=tmp_path)
     table = report.fallbacks_table(ctx, "variance_quick:24", "4")
     assert all(f"| {name} |" in table for name in grid)

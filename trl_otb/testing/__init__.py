@@ -11,7 +11,6 @@ One module per purpose; every name is re-exported here, so ``from trl_otb.testin
 - :mod:`.multiprocess`: groups split across 2 processes: :data:`SPLIT_PROMPTS`, :func:`split_group_dataset`,
   :func:`split_group_reward`, :data:`MAX_NEW_TOKENS`, :func:`free_port`, :func:`pad_to`.
 - :mod:`.qlora`: 4-bit models on CPU: :func:`load_qlora`, :func:`arm_4bit_cpu_repack`, :func:`repack_4bit_layers`.
-- :mod:`.scripts`: :func:`load_script` (a benchmark script as a module).
 - :mod:`.cards`: :func:`check_model_card`, :func:`fake_tracker_run` and :data:`TRACKER_URLS`.
 - Test-only switches, imported on their own (not re-exported): :mod:`trl_otb.testing.sharded_cpu` (accelerate's
   FSDP2 and DeepSpeed ZeRO-3 paths on CPU processes) and :mod:`trl_otb.testing.vllm_cpu` (TRL's vLLM weight sync on a
@@ -34,7 +33,6 @@ from .cards import TRACKER_URLS, check_model_card, fake_tracker_run
 from .multiprocess import MAX_NEW_TOKENS, SPLIT_PROMPTS, free_port, pad_to, split_group_dataset, split_group_reward
 from .qlora import arm_4bit_cpu_repack, load_qlora, repack_4bit_layers
 from .reference import independent_ratio, independent_rollout_stats
-from .scripts import load_script
 from .tiny import (
     CHATML_TEMPLATE,
     TINY_SPECIAL_TOKENS,
@@ -64,7 +62,6 @@ __all__ = [
     "independent_ratio",
     "independent_rollout_stats",
     "load_qlora",
-    "load_script",
     "make_args",
     "pad_to",
     "prompts_dataset",
