@@ -1227,22 +1227,7 @@ def main2(args) -> dict | None:
         return warm_up(args)
     rates = load_rates(args.out)
     if not args.summary:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as workdir:
-            args.workdir = workdir
-            jobs = [dict(job, out=str(args.out)) for job in jobs_to_run2(args, args.cell_specs, rates)]
-            warm_up(args)
-            print(f"{len(jobs)} runs to do", flush=True)
-            if args.jobs == 1:
-                for job in jobs:
-                    _report(_run_and_store(job), args)
-            else:
-                import multiprocessing as mp
-
-                with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-                    for run in pool.imap_unordered(_run_and_store, jobs):
-                        _report(run, args)
+        _run_jobs(args, lambda: jobs_to_run2(args, args.cell_specs, rates))
     cells = args.cell_specs if args.pilot is not None else args.all_cells
     summary = summarise2(args.out, cells, meta, rates)
     print_summary2(summary)
@@ -1354,24 +1339,29 @@ def main(argv=None):
     if args.warm_start_only:
         return warm_up(args)
     if not args.summary:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as workdir:
-            args.workdir = workdir
-            warm_up(args)
-            jobs = [dict(job, out=str(args.out)) for job in jobs_to_run(args, args.cell_specs)]
-            print(f"{len(jobs)} runs to do", flush=True)
-            if args.jobs == 1:
-                for job in jobs:
-                    _report(_run_and_store(job), args)
-            else:
-                import multiprocessing as mp
-
-                with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-                    for run in pool.imap_unordered(_run_and_store, jobs):
-                        _report(run, args)
+        _run_jobs(args, lambda: jobs_to_run(args, args.cell_specs))
     summary = summarise(args.out, args.cell_specs if args.pilot else cells_of(args), meta)
     print_summary(summary)
+
+
+def _run_jobs(args, make_jobs) -> None:
+    """Warm up, then run every job ``make_jobs()`` lists (``--jobs`` in parallel), storing and reporting each run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as workdir:
+        args.workdir = workdir
+        warm_up(args)
+        jobs = [dict(job, out=str(args.out)) for job in make_jobs()]
+        print(f"{len(jobs)} runs to do", flush=True)
+        if args.jobs == 1:
+            for job in jobs:
+                _report(_run_and_store(job), args)
+        else:
+            import multiprocessing as mp
+
+            with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
+                for run in pool.imap_unordered(_run_and_store, jobs):
+                    _report(run, args)
 
 
 def cells_of(args) -> dict:

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from trl_otb import ESTIMATORS, compute_advantages
 from trl_otb.core import ALIGNS, GRPO_SCALES, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, TAILS
 
+from .tensor_helpers import draw_mask_row
+
 NAN = float("nan")
 LAWS = settings(deadline=None, max_examples=25, derandomize=True)
 
@@ -82,16 +84,7 @@ def batches(draw, *, ties=False, dtype=torch.float64):
     tie = {g: draw(value) for g in set(group_ids)}
     rewards = [tie[g] if ties else draw(value) for g in group_ids]
     rewards = [NAN if draw(st.integers(0, 9)) == 0 else r for r in rewards]
-    mask = []
-    for _ in range(B):
-        kind = draw(st.sampled_from(["contiguous", "contiguous", "holes", "empty"]))
-        if kind == "contiguous":
-            L = draw(st.integers(1, T))
-            mask.append([1] * L + [0] * (T - L))
-        elif kind == "holes":
-            mask.append([int(b) for b in draw(st.lists(st.booleans(), min_size=T, max_size=T))])
-        else:
-            mask.append([0] * T)
+    mask = [draw_mask_row(draw, T, ["contiguous", "contiguous", "holes", "empty"]) for _ in range(B)]
     proxy = [[draw(st.floats(0.05, 2.0)) for _ in range(T)] for _ in range(B)]
     batch = dict(
         rewards=torch.tensor(rewards, dtype=dtype),

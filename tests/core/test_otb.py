@@ -23,7 +23,7 @@ from trl_otb import (
 from trl_otb.core import SHIFT_INVARIANT_TAILS, TAILS, uniform_proxy
 from trl_otb.core.spec import aligned_positions, reference_otb
 
-from .tensor_helpers import assert_close, ids, t64
+from .tensor_helpers import assert_close, draw_mask_row, ids, t64
 
 NAN = float("nan")
 SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
@@ -56,16 +56,7 @@ def otb_inputs(
         reward = st.one_of(reward, st.just(NAN))
     rewards = [draw(reward) for _ in range(B)]
     kinds = ["contiguous"] + (["holes"] if holes else []) + (["empty"] if empty_rows else [])
-    mask = []
-    for _ in range(B):
-        kind = draw(st.sampled_from(kinds))
-        if kind == "contiguous":
-            L = draw(st.integers(1, T))
-            mask.append([1] * L + [0] * (T - L))
-        elif kind == "holes":
-            mask.append([int(b) for b in draw(st.lists(st.booleans(), min_size=T, max_size=T))])
-        else:
-            mask.append([0] * T)
+    mask = [draw_mask_row(draw, T, kinds) for _ in range(B)]
     proxy = [[draw(st.floats(proxy_min, 2.0)) for _ in range(T)] for _ in range(B)]
     is_weights = None
     if with_is_weights:
