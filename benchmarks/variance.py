@@ -514,8 +514,12 @@ def fallback_estimators(tails=None) -> tuple[dict, dict]:
 
 
 def fallback_pairs(estimators) -> tuple:
-    """Every candidate against reference OTB and against unscaled GRPO (a minus b, on the same groups)."""
-    return tuple((a, b) for b in ("otb", "grpo") for a in estimators if a != b)
+    """Every candidate against reference OTB and against unscaled GRPO, and the shift-invariant OTB candidates and
+    OGB against each other (a minus b, on the same groups)."""
+    invariant = [n for n in estimators if n.startswith("otb_") and n.removesuffix("_loo")[4:] in SHIFT_INVARIANT_TAILS]
+    invariant.append("ogb")
+    among = tuple((a, b) for i, a in enumerate(invariant) for b in invariant[i + 1 :] if b in estimators)
+    return tuple((a, b) for b in ("otb", "grpo") for a in estimators if a != b) + among
 
 
 def _advantages(spec, rewards, proxy, mask, group_ids):
