@@ -59,11 +59,16 @@ rescaled variances says whether they differ at 95%:
   footing. Estimators: grpo (unscaled), grpo_std, rloo, opo, ogb, otb, otb_loo.
 - ``bias_sq``: ||E g - g_ref||^2, from each prompt's G groups. The plug-in ||g_bar - g_ref||^2 (``bias_sq_plugin``)
   is inflated by the variance of g_bar, Var(g) / G in expectation; ``bias_sq`` subtracts its unbiased estimate
-  var / (G - 1) (``squared_bias``), so that mse = var G / (G - 1) + bias_sq exactly (checked at every row). How
-  much the plug-in was inflated on the measured cells: ``calibration`` in each JSON, and docs/benchmarks.md. g_ref
-  itself is exact (the pool is the distribution the groups are drawn from): it adds no inflation. The bias's interval is the resamples' spread around
-  the corrected estimate (each resample's corrected value is unbiased for the plug-in of the full sample, its
-  world's truth, so the resamples are shifted by plug-in minus corrected).
+  var / (G - 1) (``squared_bias``), so that mse = var G / (G - 1) + bias_sq exactly (checked at every row). The
+  bias's interval is the resamples' spread around the corrected estimate (each resample's corrected value is
+  unbiased for the plug-in of the full sample, its world's truth, so the resamples are shifted by plug-in minus
+  corrected). On ramble at N=4 the plug-in overstated unscaled GRPO's squared bias by 61% of its exact value
+  (0.405 over 0.668) and put RLOO's at 1.0 instead of 0 (``calibration`` in each JSON).
+  The pool reference inflates it too: the pool's masked scores of one position do not average to 0, so a baseline
+  built from the other members only, unbiased in truth, looks biased against g_ref (``position_centring``). With
+  ``--fallbacks`` every number is also given in the score-centred pool (``centred`` in each horizon's entry: each
+  token's score less its position's pool mean), where such baselines are exactly unbiased; on ramble at N=4 it
+  brings reference OTB's squared bias from 6.11 to 0.299.
 
 ``--fallbacks`` measures OTB's tail options instead of the shipped estimators: every tail of ``FALLBACK_TAILS`` (the
 reference ``zero``, the legacy ``none``, the shift-invariant ``group_mean``, ``sequence_baseline``,
@@ -71,8 +76,9 @@ reference ``zero``, the legacy ``none``, the shift-invariant ``group_mean``, ``s
 pair (candidate, reference OTB) and (candidate, GRPO) gets paired intervals of the difference in var, bias_sq and
 mse (``paired[...]["metrics"]``). A tail the installed core does not accept yet is computed by this script's
 reference ``otb_fallback_advantages`` (``meta.fallbacks.implementation`` says which); where the core has it, the two
-are compared on the analysed groups (``fallback_checks``). It first calibrates the bias (``calibration``): RLOO's
-must cover 0 and unscaled GRPO's must cover ||g_ref||^2 / N^2, GRPO's exact (1 - 1/N) rescaling.
+are compared on the analysed groups (``fallback_checks``). It first calibrates the bias (``calibration``, in both
+the pool and the score-centred pool): RLOO's must cover 0 and unscaled GRPO's must cover ||g_ref||^2 / N^2, GRPO's
+exact (1 - 1/N) rescaling.
 """
 
 from __future__ import annotations
@@ -624,11 +630,54 @@ def draw_groups(M, N, count, generator):
     return torch.randint(M, (count, N), generator=generator)
 
 
+def position_centring(mask, K):
+    """What ``analyse_prompt(..., centred=True)`` needs to move to the score-centred pool: the position of every
+    pool token [n], the sum of K's rows over each position's tokens [T, n], and a function that centres
+    coefficient rows: C [G, n] -> (C - D[:, pos], D) with D [G, T] each position's mean coefficient.
+
+    In the pool, the masked scores of one position do not average to 0 (sum_j m_t^(j) s_t^(j) != 0: a finite
+    sample), although their expectation does (E[s_t | prefix] = 0). A baseline b whose mean differs from the mean
+    reward then looks biased against g_ref by sum_t (E R - E b_t) E_pool[m_t s_t], a term with expectation 0 over
+    pools whose square is positive: the finite pool inflates the squared bias of exactly the baselines that are
+    unbiased in truth (any baseline built from the other members only). Centring every token's score on its
+    position's mean over the pool's active completions, s~_t = s_t - mean_j s_t^(j), makes the pool obey the
+    identity: there a baseline independent of the member is exactly unbiased, g_ref~ does not depend on how the
+    reward is centred, and GRPO's bias is still exactly ||g_ref~||^2 / N^2. sum_a c_a s~_a = sum_a c~_a s_a with
+    c~ the coefficients less their position's mean, so the original K serves."""
+    lengths = mask.sum(1).tolist()
+    pos = torch.cat([torch.arange(int(L)) for L in lengths])
+    T = mask.shape[1]
+    n_t = mask.sum(0).double().clamp(min=1)
+    EK = torch.zeros(T, K.shape[1], dtype=K.dtype).index_add_(0, pos, K)
+
+    def centre(C):
+        D = torch.zeros(C.shape[0], T, dtype=C.dtype).index_add_(1, pos, C) / n_t
+        return C - D[:, pos], D
+
+    return pos, EK, centre
+
+
+def _cell_terms(C, KC, c_ref, K_c_ref, ref_sq):
+    """The per-group terms of one (N, estimator) cell: C [G, n] coefficient rows, KC = C K, c_ref, K c_ref."""
+    c_bar = C.mean(0)
+    return {
+        "sq": (KC * C).sum(1),  # ||g||^2
+        "dot_bar": KC @ c_bar,
+        "dot_ref": KC @ c_ref,
+        "bar_sq": float(KC.mean(0) @ c_bar),
+        "bar_ref": float(c_bar @ K_c_ref),
+        "ref_sq": ref_sq,
+        "gram": KC @ C.T,  # [G, G] <g_k, g_l>: the squared bias of resampled groups' mean
+    }
+
+
 def analyse_prompt(
-    K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,)
-):
+    K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,),
+    centred=False,
+):  # fmt: skip
     """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms and the groups' Gram matrix
-    <g_k, g_l>, for the bootstrap.
+    <g_k, g_l>, for the bootstrap. With ``centred``, also ``("centred", N, est)``: the same terms in the
+    score-centred pool (``position_centring``).
 
     For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
     the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
@@ -640,6 +689,12 @@ def analyse_prompt(
     c_ref = reference_coefficients(rewards.double(), mask, offsets, n)
     K_ref = K @ c_ref
     ref_sq = float(c_ref @ K_ref)
+    if centred:
+        _, EK, centre = position_centring(mask, K)
+        c_ref_c, d_ref = centre(c_ref[None])
+        c_ref_c = c_ref_c[0]
+        K_ref_c = K_ref - (d_ref @ EK)[0]
+        ref_sq_c = float(c_ref_c @ K_ref_c)
     out = {}
     for N in Ns:
         groups = draw_groups(M, N, num_groups, generator)
@@ -662,17 +717,10 @@ def analyse_prompt(
                     }
                 out[("bins", N, est)] = parts
             KC = C @ K  # [G, n]
-            sq = (KC * C).sum(1)  # ||g||^2
-            c_bar = C.mean(0)
-            out[(N, est)] = {
-                "sq": sq,
-                "dot_bar": KC @ c_bar,
-                "dot_ref": KC @ c_ref,
-                "bar_sq": float(c_bar @ K @ c_bar),
-                "bar_ref": float(c_bar @ K_ref),
-                "ref_sq": ref_sq,
-                "gram": KC @ C.T,  # [G, G] <g_k, g_l>: the squared bias of resampled groups' mean
-            }
+            out[(N, est)] = _cell_terms(C, KC, c_ref, K_ref, ref_sq)
+            if centred:
+                C_c, D = centre(C)
+                out[("centred", N, est)] = _cell_terms(C_c, KC - D @ EK, c_ref_c, K_ref_c, ref_sq_c)
     return out
 
 
@@ -1358,7 +1406,7 @@ def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, anal
             per_prompt[space].append(
                 analyse_prompt(
                     K, R, proxy, mask, run.Ns, run.num_groups, generator, analysis.estimators, analysis.decompose,
-                    args.decompose_Ns,
+                    args.decompose_Ns, centred=analysis.fallbacks,
                 )
             )  # fmt: skip
         if analysis.fallbacks:
@@ -1396,6 +1444,16 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
         if rows and analysis.decompose
         else None
     )
+    centred = None
+    if rows and analysis.fallbacks:
+        # The same analysis in the score-centred pool (position_centring), with its own resampling seed so that
+        # the pool reference's numbers do not depend on whether this runs.
+        view = [{key[1:]: cell for key, cell in pp.items() if key[0] == "centred"} for pp in rows]
+        table_c, paired_c = summarise(
+            view, run.Ns, args.bootstrap, torch.Generator().manual_seed(args.seed * 31 + h + 17),
+            list(analysis.estimators), analysis.pairs,
+        )  # fmt: skip
+        centred = {"table": table_c, "paired": paired_c, "calibration": calibration(table_c, run.Ns)}
     answer = matching_n(table, run.Ns) if table and 4 in run.Ns else None
     lora_missing = cells["lora_missing"]
     mean_len = cells["mean_len"]
@@ -1417,7 +1475,11 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
         if space == "lora"
         else None,
         **(
-            {"calibration": calibration(table, run.Ns), "fallback_checks": cells["fallback_checks"]}
+            {
+                "calibration": calibration(table, run.Ns),
+                "fallback_checks": cells["fallback_checks"],
+                "centred": centred,
+            }
             if analysis.fallbacks and table
             else {}
         ),

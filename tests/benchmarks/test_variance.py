@@ -602,10 +602,13 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
         for row in res["table"].values():
             assert row["mse"] == pytest.approx(row["var_unbiased"] + row["bias_sq"], rel=1e-9)
             assert row["bias_sq_ci"][0] <= row["bias_sq_ci"][1]
-        for c in res["calibration"]:
-            assert c["rloo_covers_0"], (h, c)
-            assert c["grpo_covers_expected"], (h, c)
-            assert c["plugin_inflation"]["rloo"] > 0
+        for world in (res, res["centred"]):
+            for c in world["calibration"]:
+                assert c["rloo_covers_0"], (h, c)
+                assert c["grpo_covers_expected"], (h, c)
+                assert c["plugin_inflation"]["rloo"] > 0
+        for row in res["centred"]["table"].values():
+            assert row["mse"] == pytest.approx(row["var_unbiased"] + row["bias_sq"], rel=1e-9)
         for N in data["meta"]["Ns"]:
             for name in grid:
                 for ref in ("otb", "grpo"):
@@ -621,8 +624,44 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
     from benchmarks import report
 
     ctx = report.Context(results=tmp_path)
-    table = report.fallbacks_table(ctx, "variance_quick:24", "4")
-    assert all(f"| {name} |" in table for name in grid)
-    calibration = report.fallbacks_calibration(ctx, "variance_quick:8", "variance_quick:24")
-    assert calibration.count("| yes |") == 2 * len(data["meta"]["Ns"])
-    assert "otb_group_mean" in report.fallbacks_overview(ctx, "4", "variance_quick:8", "variance_quick:24")
+    for world in ("centred", "pool"):
+        table = report.fallbacks_table(ctx, "variance_quick:24", "4", world)
+        assert all(f"| {name} |" in table for name in grid)
+        calibration = report.fallbacks_calibration(ctx, world, "variance_quick:8", "variance_quick:24")
+        assert calibration.count("| yes |") == 2 * len(data["meta"]["Ns"])
+        assert "otb_group_mean" in report.fallbacks_overview(ctx, world, "4", "variance_quick:8", "variance_quick:24")
+    assert all(f"| {name} |" in report.fallbacks_bias(ctx, "variance_quick:24", "4") for name in grid)
+
+
+@pytest.mark.parametrize("N", [2, 3])
+def test_score_centred_pool_makes_every_other_members_baseline_exactly_unbiased(N):
+    """In the pool the masked scores of a position do not sum to 0, so a baseline built from the other members only
+    (OTB with leave-one-out, any tail but zero_advantage) looks biased against g_ref although it is unbiased in
+    truth. With every token's score centred on its position's pool mean (position_centring) the exact E g, over
+    every N-tuple, is g_ref~ for these and RLOO, (1 - 1/N) g_ref~ for GRPO; self-including OTB keeps a bias."""
+    rewards, proxy, mask, K, offsets, n = hand_pool()
+    groups = every_group(len(rewards), N)
+    _, _, centre = variance.position_centring(mask, K)
+    c_ref, _ = centre(variance.reference_coefficients(rewards.double(), mask, offsets, n)[None])
+    c_ref = c_ref[0]
+    grid, _ = variance.fallback_estimators()
+    unbiased = [
+        "rloo",
+        *(variance.fallback_name(t, True) for t in ("zero", "none", *variance.SHIFT_INVARIANT_TAILS[:3])),
+    ]
+    pool_bias = {}
+    for est in [*unbiased, "grpo", "otb", "otb_zero_advantage_loo"]:
+        C = variance.group_coefficients(est, groups, rewards, proxy, mask, offsets, n, estimators=grid)
+        raw_ref = variance.reference_coefficients(rewards.double(), mask, offsets, n)
+        raw = C.mean(0) - raw_ref
+        pool_bias[est] = float(raw @ K @ raw)
+        expect = centre(C)[0].mean(0)
+        if est in unbiased:
+            assert torch.allclose(expect, c_ref, atol=1e-10), est
+        elif est == "grpo":
+            assert torch.allclose(expect, (1 - 1 / N) * c_ref, atol=1e-10)
+        else:
+            d = expect - c_ref
+            assert float(d @ K @ d) > 1e-4 * float(c_ref @ K @ c_ref), est
+    # Against the uncentred pool reference the leave-one-out OTB looks biased: the inflation this removes.
+    assert pool_bias["otb_loo"] > 1e-4 * pool_bias["grpo"] and pool_bias["rloo"] < 1e-20
