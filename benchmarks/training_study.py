@@ -605,7 +605,10 @@ CANDIDATES = {
     "pre-registration commit); the table ranked them 4th (group_mean, 19.90) and 3rd (last_baseline, 15.74) of the "
     "eight shift-invariant variants. Every leave-one-out variant had a higher MSE (22.9 to 31.8). Note: the two "
     "chosen are within each other's intervals (their MSEs differ by 0.08), and zero_advantage equals tail='none' on "
-    "this cell (no group there has a single valid member or a tie).",
+    "this cell (no group there has a single valid member or a tie). Added later the same day, before any run: "
+    "the same table in the score-centred pool (variance.py's second reference, which removes the finite pool's "
+    "nonzero mean score) ranks the same two first among the shift-invariant tails: zero_advantage MSE 10.9 "
+    "(7.89 to 13.7), sequence_baseline 11.3 (8.13 to 14.2), reference OTB 11.6 (8.55 to 14.5).",
     "source": "benchmarks/results/variance_fallbacks_ramble.json: MSE against the reference gradient at N=4, "
     "ramble, every shift-invariant tail with and without leave-one-out; the two lowest",
     "arms": {
