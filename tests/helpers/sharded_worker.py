@@ -86,6 +86,13 @@ def train(engine: str, mode: str, model_dir: str, out_dir: str) -> None:
     if rank == 0:
         result["weights"] = {k: v.cpu() for k, v in weights.items()}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    # Leave the process group before the interpreter exits: a rank torn down while gloo's threads still run can abort
+    # ("terminate called without an active exception") after its results are written, failing the launch.
+    import torch.distributed as dist
+
+    trainer.accelerator.wait_for_everyone()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def lm_head_unit(model_dir: str, out_dir: str) -> None:
