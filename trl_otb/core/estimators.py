@@ -135,13 +135,13 @@ def _rewards_above_min(rewards, rows, group_ids, dtype):
     return above_group_min(R, rows, gid, G), gid, G
 
 
-def _weighted_group_baseline(rewards, weights, group_ids, valid, dtype, eps=0.0):
-    """b_i = sum_j R_j u_j / (sum_j u_j + eps) over the valid members of i's group; 0 for singletons.
+def _weighted_group_baseline(rewards, weights, gid, G, valid, dtype, eps=0.0):
+    """b_i = sum_j R_j u_j / (sum_j u_j + eps) over the valid members of i's group (dense index ``gid`` of ``G``
+    groups); 0 for singletons.
 
     ``rewards`` are the group-min-shifted ones, so b is the baseline minus the group's minimum reward (and 0 on a
     singleton gives it advantage 0)."""
     u = torch.where(valid, weights.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
-    gid, G = group_index(group_ids)
     num = group_sum(rewards * u, gid, G)[gid]
     den = group_sum(u, gid, G)[gid]
     n_valid = group_sum(valid.to(dtype), gid, G)[gid]
@@ -219,8 +219,8 @@ def opo_advantages(rewards, proxy, mask, group_ids) -> torch.Tensor:
     dtype = compute_dtype(proxy)
     valid = valid_rows(rewards, mask)
     lengths = mask.sum(dim=1)
-    R, _, _ = _rewards_above_min(rewards, valid, group_ids, dtype)
-    baseline = _weighted_group_baseline(R, lengths, group_ids, valid, dtype)
+    R, gid, G = _rewards_above_min(rewards, valid, group_ids, dtype)
+    baseline = _weighted_group_baseline(R, lengths, gid, G, valid, dtype)
     return _sequence_advantages(R, baseline, mask, valid, dtype)
 
 
@@ -236,6 +236,6 @@ def ogb_advantages(rewards, proxy, mask, group_ids, *, eps: float = 1e-8, is_wei
     w = token_weights(proxy, mask, is_weights, dtype)
     if is_weights is not None and bad_on_mask(w, mask):
         raise_overflow()
-    R, _, _ = _rewards_above_min(rewards, valid, group_ids, dtype)
-    baseline = _weighted_group_baseline(R, w.sum(dim=1), group_ids, valid, dtype, eps=eps)
+    R, gid, G = _rewards_above_min(rewards, valid, group_ids, dtype)
+    baseline = _weighted_group_baseline(R, w.sum(dim=1), gid, G, valid, dtype, eps=eps)
     return _sequence_advantages(R, baseline, mask, valid, dtype)

@@ -261,14 +261,26 @@ def _zero_lone_tails(p: _Prepared, baseline: torch.Tensor) -> None:
 
 def _leave_one_out_baseline(p: _Prepared, eps: float) -> torch.Tensor:
     """B_t^(-i) from the other members of i's group; 0 where no other member is active at t."""
+    baseline, shared = _weighted_mean(p, eps, leave_one_out=True)
+    return torch.where(shared, baseline, torch.zeros_like(baseline))
+
+
+def _weighted_mean(p: _Prepared, eps: float, leave_one_out: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The energy-weighted mean reward at each aligned position, ``[B, T]`` per row (over the whole group, or over
+    the other members with ``leave_one_out``), and ``shared`` ``[B, T]`` bool: another member is active there.
+
+    Leave-one-out sums in fp64, so that subtracting a member's own share does not cancel catastrophically."""
     gid, G = p.gid, p.num_groups
-    # Sums in fp64 so that subtracting a member's own share does not cancel catastrophically.
-    weighted = (p.rewards[:, None] * p.energy).double()
-    energy = p.energy.double()
-    num = group_sum(weighted, gid, G)[gid] - weighted
-    den = group_sum(energy, gid, G)[gid] - energy
-    others = group_sum(p.mask, gid, G)[gid] - p.mask
-    return torch.where(others > 0, _safe_divide(num, den + eps), torch.zeros_like(num)).to(p.energy.dtype)
+    weighted, energy = p.rewards[:, None] * p.energy, p.energy
+    if leave_one_out:
+        weighted, energy = weighted.double(), energy.double()
+        num = group_sum(weighted, gid, G)[gid] - weighted
+        den = group_sum(energy, gid, G)[gid] - energy
+    else:
+        num = group_sum(weighted, gid, G)[gid]
+        den = group_sum(energy, gid, G)[gid]
+    shared = (group_sum(p.mask, gid, G)[gid] - p.mask) > 0
+    return _safe_divide(num, den + eps).to(p.energy.dtype), shared
 
 
 def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
@@ -276,18 +288,8 @@ def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool)
 
     ``others`` counts, at each aligned position of row i, the group's other active members: the pooled baseline
     needs one (then two members share the position), leave-one-out's needs one too (its sums exclude row i)."""
-    gid, G = p.gid, p.num_groups
-    R, energy = p.rewards, p.energy
-    if leave_one_out:  # fp64 sums, so that removing a member's own share does not cancel catastrophically
-        weighted, energy = (R[:, None] * energy).double(), energy.double()
-        num = group_sum(weighted, gid, G)[gid] - weighted
-        den = group_sum(energy, gid, G)[gid] - energy
-    else:
-        num = group_sum(energy * R[:, None], gid, G)[gid]
-        den = group_sum(energy, gid, G)[gid]
-    others = group_sum(p.mask, gid, G)[gid] - p.mask
-    shared = others > 0
-    baseline = _safe_divide(num, den + eps).to(R.dtype)
+    gid, G, R = p.gid, p.num_groups, p.rewards
+    baseline, shared = _weighted_mean(p, eps, leave_one_out)
     if tail == "zero_advantage":
         lone = R[:, None].expand_as(baseline)
     elif tail == "group_mean":
@@ -297,7 +299,7 @@ def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool)
             rest = group_sum(R, gid, G)[gid] - R
             lone = (rest / n_others.clamp(min=1))[:, None].expand_as(baseline)
     elif tail == "sequence_baseline":
-        total = _total_energy(p).to(energy.dtype)
+        total = _total_energy(p).double() if leave_one_out else _total_energy(p)
         seq_num = group_sum(total * R.to(total.dtype), gid, G)[gid]
         seq_den = group_sum(total, gid, G)[gid]
         if leave_one_out:
