@@ -390,3 +390,71 @@ def test_a_non_finite_gradient_norm_is_warned_and_counted(tiny_model_dir, tmp_pa
         warnings.simplefilter("error", NonFiniteGradientWarning)
         fine.train()
     assert fine.state.log_history[0]["otb/nonfinite_grad_norm"] == 0.0
+
+
+class OffsetReward:
+    """A reward that varies within groups, in multiples of 1/8 (so ``R + offset`` is exact in fp32 for the offsets
+    used here), plus a settable ``offset``; it remembers its last output."""
+
+    __name__ = "offset_reward"
+
+    def __init__(self):
+        self.offset, self.last = 0.0, None
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        self.last = [float(len(ids) % 3) + 0.125 * (i % N) + self.offset for i, ids in enumerate(completion_ids)]
+        return self.last
+
+
+def _has_lone_tail(mask) -> bool:
+    """Whether some group has one member strictly the longest: past the second-longest, a fallback applies."""
+    top2 = mask.sum(dim=1).view(-1, N).topk(2, dim=1).values
+    return bool((top2[:, 0] > top2[:, 1]).any())
+
+
+def _advantages_under_offsets(trainer, reward, offsets):
+    """The trainer's advantages on one generation batch, regenerated under the same seed for each reward offset."""
+    out = []
+    for offset in offsets:
+        reward.offset = offset
+        torch.manual_seed(0)
+        batch = trainer._generate_and_score_completions(generation_inputs())
+        out.append((batch["completion_ids"], batch["completion_mask"], batch["advantages"]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        *[{"otb_tail": tail} for tail in SHIFT_INVARIANT_TAILS],
+        *[{"otb_tail": tail, "otb_leave_one_out": True} for tail in SHIFT_INVARIANT_TAILS],
+    ],
+)
+def test_a_reward_offset_changes_no_advantage(tiny_model_dir, tmp_path, options):
+    """Through OTBTrainer: adding a constant to every reward leaves every token's advantage bit for bit unchanged."""
+    reward = OffsetReward()
+    trainer = OTBTrainer(
+        tiny_model_dir, reward_funcs=reward, args=make_args(tmp_path, **options), train_dataset=prompts_dataset()
+    )
+    (ids, mask, base), *shifted = _advantages_under_offsets(trainer, reward, [0.0, 0.5, -1000.0])
+    assert base.abs().max() > 0, "precondition failed: the batch has no signal"
+    assert _has_lone_tail(mask), "precondition failed: no group has a member alone at its tail"
+    for ids_c, mask_c, adv in shifted:
+        assert torch.equal(ids_c, ids) and torch.equal(mask_c, mask), "precondition failed: another batch"
+        assert torch.equal(adv, base)
+
+
+def test_the_reference_tail_moves_with_a_reward_offset(tiny_model_dir, tmp_path):
+    """The documented exception: otb_tail='zero' forces B = 0 where one member is alone, so A = R moves there."""
+    reward = OffsetReward()
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=reward,
+        args=make_args(tmp_path, otb_tail="zero"),
+        train_dataset=prompts_dataset(),
+    )
+    (ids, mask, base), (ids_c, _, shifted) = _advantages_under_offsets(trainer, reward, [0.0, 0.5])
+    assert torch.equal(ids_c, ids), "precondition failed: another batch"
+    assert _has_lone_tail(mask), "precondition failed: no group has a member alone at its tail"
+    moved = (shifted - base).abs()
+    assert torch.allclose(moved.max(), torch.tensor(0.5)), "A = R at a lone tail moves by the offset"
