@@ -914,10 +914,15 @@ def offset_check(base: dict, shifted: dict, offset: float) -> dict:
     return {"equal": not differences, "differences": differences[:8], "count": len(differences)}
 
 
+def _with_target(cell: dict) -> dict:
+    """The cell with a target: a cell whose target is not set yet (long_right's pilot: the target is chosen from
+    it) never reaches one, so its tokens to target is the budget (censored)."""
+    return dict(cell, target=cell["target"] if cell.get("target") is not None else math.inf)
+
+
 def run_metrics2(run: dict, cell: dict) -> dict:
     """run_metrics, with the final score's sampling SE (the collapse rule's noise floor) and per-step medians."""
-    spec = dict(cell, target=cell["target"] if cell.get("target") is not None else math.inf)
-    out = run_metrics(run, spec)
+    out = run_metrics(run, _with_target(cell))
     out["final_se"] = run["curve"][-1].get("se", float("nan"))
     for key, name in (
         ("study/lone_token_frac", "lone_token_frac"),
@@ -939,7 +944,7 @@ def summarise_cell2(runs: list[dict], cell: dict, arms: list[str], references: l
     reference: the paired differences arm minus reference."""
     metrics = {(r["arm"], r["seed"]): run_metrics2(r, cell) for r in runs}
     lrs = {r["arm"]: r.get("learning_rate") for r in runs}
-    base = summarise_cell(runs, cell, arms)
+    base = summarise_cell(runs, _with_target(cell), arms)
     out = {"arms": base["arms"], "paired": {}}
     for arm, stats in out["arms"].items():
         mine = [m for (a, _), m in sorted(metrics.items()) if a == arm]

@@ -35,6 +35,19 @@ def test_study_curve_metrics_follow_their_definitions():
     assert not training_study.run_metrics(never, cell)["reached"]
 
 
+def test_study2_a_cell_without_a_target_summarises_with_tokens_to_target_censored():
+    """long_right's pilot has no target yet (it is chosen from the pilot): its summary still forms, every run
+    censored at the budget, and the auc that chooses the rate is unaffected."""
+    curve = [{"tokens": 0, "score": 0.2}, {"tokens": 100, "score": 0.6}, {"tokens": 220, "score": 1.0}]
+    run = {"curve": curve, "steps": [{"loss": 0.1, "grad_norm": 1.0}], "tokens": 220, "cpu_seconds": 1.0}
+    runs = [dict(run, arm=arm, seed=100) for arm in ("grpo_N4", "otb_ref")]
+    cell = {"target": None, "token_budget": 200}
+    res = training_study.summarise_cell2(runs, cell, ["grpo_N4", "otb_ref"], ["grpo_N4"])
+    assert res["arms"]["grpo_N4"]["tokens_to_target_median"] == 200 and res["arms"]["grpo_N4"]["reached"] == 0
+    assert res["arms"]["otb_ref"]["auc_mean"] == pytest.approx(training_study.auc(curve, 200))
+    assert res["paired"]["otb_ref-grpo_N4"]["auc"]["mean"] == 0
+
+
 def test_study_collapse_rule():
     def run(scores, loss=0.1):
         return {
