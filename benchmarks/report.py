@@ -43,7 +43,7 @@ CELLS = (
     ("count", "variance_count12", "1024"),
 )
 # The estimators trl-otb ships (advantage_estimator, plus the leave-one-out option); the other names in a variance
-# JSON are the estimator study's variants (benchmarks/variance.py --study).
+# JSON are the estimator study's variants (python -m benchmarks.variance --study).
 SHIPPED = ("grpo", "grpo_std", "rloo", "opo", "ogb", "otb", "otb_loo")
 # The earlier small training run (benchmarks/sample_efficiency.py --cpu-run), kept as a labelled footnote.
 TRAINING = "sample_efficiency_embedded_math"

@@ -1,7 +1,7 @@
 """Does OTB train better? A pre-registered, multi-seed training study with paired intervals.
 
     python -m benchmarks.training_study --quick              # tiny: 1 seed, 2 steps per arm, seconds (the tests)
-    python -m benchmarks.training_study --variance-check     # the precondition: variance.py on each cell's task
+    python -m benchmarks.training_study --variance-check     # the precondition: benchmarks.variance on each cell's task
     python -m benchmarks.training_study                      # every (cell, arm, seed) not yet run, then the summary
     python -m benchmarks.training_study --cells long --seeds 10 11 12   # extend a cell with more seeds
     python -m benchmarks.training_study --summary            # rebuild the summary from the finished runs only
@@ -440,7 +440,7 @@ def summarise(out: Path, cells: dict, meta: dict) -> dict:
 
 
 def _variance_check(out: Path) -> dict:
-    """OTB's paired variance ratios at N=4 from variance.py's JSON of each task, where it has been run
+    """OTB's paired variance ratios at N=4 from benchmarks.variance's JSON of each task, where it has been run
     (``--variance-check`` writes them: results/variance_study_ramble.json and variance_study_copy.json)."""
     found = {}
     for task in ("ramble", "copy"):
@@ -555,7 +555,7 @@ def _warm(spec) -> int:
 
 
 def variance_check(args) -> None:
-    """variance.py on each task at the warm-started policy of the first seed: the study's precondition."""
+    """benchmarks.variance on each task at the warm-started policy of the first seed: the study's precondition."""
     from benchmarks import variance
 
     for task in ("ramble", "copy"):
@@ -1280,7 +1280,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--cache", default=".cache/training_study", help="warm-started weights")
     parser.add_argument("--summary", action="store_true", help="only rebuild the summary from finished runs")
-    parser.add_argument("--variance-check", action="store_true", help="run the precondition (variance.py) only")
+    parser.add_argument("--variance-check", action="store_true", help="only the precondition (benchmarks.variance)")
     parser.add_argument("--warm-start-only", action="store_true", help="make the seeds' warm-started policies only")
     parser.add_argument(
         "--pilot",

@@ -1,4 +1,4 @@
-"""benchmarks/variance.py: its head statistics and Gram-matrix algebra against brute-force autograd, the adapter
+"""benchmarks/variance/: its head statistics and Gram-matrix algebra against brute-force autograd, the adapter
 gradients and their sketch, the paired bootstrap, the pool cache and resuming, and the study variants. The other
 benchmark scripts: the other files of tests/benchmarks/."""
 
