@@ -47,7 +47,7 @@ CELLS = (
 SHIPPED = ("grpo", "grpo_std", "rloo", "opo", "ogb", "otb", "otb_loo")
 # The earlier small training run (benchmarks/sample_efficiency.py --cpu-run), kept as a labelled footnote.
 TRAINING = "sample_efficiency_embedded_math"
-# The training result quoted by the verdict: the pre-registered study of benchmarks/training_study.py.
+# The training result quoted by the verdict: the pre-registered study of benchmarks/training_study/.
 STUDY = "training_study"
 # The current trainer-overhead measurements (SmolLM2-135M + LoRA): JSON stem, configuration, and its row's label.
 OVERHEAD = (

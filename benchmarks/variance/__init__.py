@@ -4,8 +4,9 @@ the policy gradient of each advantage estimator varies, in the LM head's and in 
 Method. For each prompt, a pool of M completions is sampled once (temperature 1) at the longest horizon and scored
 with the accuracy reward; a shorter horizon h uses the same completions cut to their first h tokens (exactly what
 sampling with max_completion_length=h gives) and scores them again. Only prompts whose rewards differ within the
-pool at that horizon are kept. Many groups of N completions are drawn i.i.d. (with replacement) from each pool; each estimator
-turns a group into token advantages A_t^(i) and a gradient estimate g = (1/N) sum_i sum_t A_t^(i) s_t^(i).
+pool at that horizon are kept. Many groups of N completions are drawn i.i.d. (with replacement) from each pool;
+each estimator turns a group into token advantages A_t^(i) and a gradient estimate
+g = (1/N) sum_i sum_t A_t^(i) s_t^(i).
 
     sampling.py     the tasks (model, prompts, reward), each prompt's pool, sampled once and cached, the groups
     estimators.py   the estimators compared: the shipped ones, the study's variants, OTB's tail fallbacks

@@ -35,7 +35,7 @@ from benchmarks.variance.sampling import STUDY_TASKS, setup
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.variance", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, synthetic reward (CI)")
     parser.add_argument("--task", default="math", choices=["math", "count", *STUDY_TASKS])
     parser.add_argument(

@@ -234,7 +234,8 @@ def analyse_prompt(
     score-centred pool (``position_centring``).
 
     For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
-    the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the bin's share of tokens."""
+    the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the
+    bin's share of tokens."""
     estimators = estimators or VARIANCE_ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)

@@ -3,10 +3,10 @@ with the head statistics of every token (each prompt's pool cached on its own), 
 groups drawn from a pool.
 
 Tasks. ``math``: the generated math prompts, accuracy reward, temperature 1. ``count``: "List the numbers from 1 to
-n, separated by commas." for n in ``--count-targets``, with the assistant turn started as "1, 2, 3," (``COUNT_PREFIX``),
-sampled at temperature 0.7 (at 1.0 the embedded model does not count); the answer needs about 4 to 5 tokens per
-number (n = 200: ~900 tokens), and the reward is the share of 1..n listed in order before the first mistake, halved
-if the list does not end at n: a long answer whose reward is decided by where its first error falls.
+n, separated by commas." for n in ``--count-targets``, with the assistant turn started as "1, 2, 3,"
+(``COUNT_PREFIX``), sampled at temperature 0.7 (at 1.0 the embedded model does not count); the answer needs about 4
+to 5 tokens per number (n = 200: ~900 tokens), and the reward is the share of 1..n listed in order before the first
+mistake, halved if the list does not end at n: a long answer whose reward is decided by where its first error falls.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/training_study.py: its curve metrics, collapse rule and paired statistics follow their definitions, the
+"""benchmarks/training_study/: its curve metrics, collapse rule and paired statistics follow their definitions, the
 preregistration covers every cell and arm, and its quick mode trains every arm and resumes. The second study
 (--study 2): its pre-registration, the harness's group std scaling and lone-token share against hand computations,
 the exactness of the reward offset, the offset check (equal for an invariant arm, different for the reference),
