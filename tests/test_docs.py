@@ -48,7 +48,7 @@ def markdown_section(text: str, heading: str) -> str:
 
 def test_every_generated_benchmark_number_matches_its_json():
     """README.md, docs/benchmarks.md, docs/benchmarks_details.md and docs/faq.md: each generated table and the
-    README's summary equal what benchmarks/report.py makes from benchmarks/results/*.json, and the prose of the
+    README's summary equal what benchmarks/report/ makes from benchmarks/results/*.json, and the prose of the
     checked pages quotes no number that their generated blocks do not show."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT, capture_output=True, text=True
