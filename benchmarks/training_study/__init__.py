@@ -25,12 +25,7 @@ the Hub has no pretrained weights and the embedded SmolLM2 costs too much per st
 The names below are the package's face, for the tests.
 """
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks.training_study.analysis import (  # noqa: E402
+from benchmarks.training_study.analysis import (
     auc,
     collapsed,
     paired_bootstrap,
@@ -38,12 +33,12 @@ from benchmarks.training_study.analysis import (  # noqa: E402
     score_at,
     wilson,
 )
-from benchmarks.training_study.cli import main  # noqa: E402
-from benchmarks.training_study.preregistration import PREREGISTRATION  # noqa: E402
-from benchmarks.training_study.preregistration2 import CANDIDATES, QUICK2, STUDY2, offset_invariant  # noqa: E402
-from benchmarks.training_study.runs import run_path  # noqa: E402
-from benchmarks.training_study.study2 import cost_plan, pilot_cells2, study2_plan  # noqa: E402
-from benchmarks.training_study.summary2 import choose_rates, decide_default, offset_check  # noqa: E402
+from benchmarks.training_study.cli import main
+from benchmarks.training_study.preregistration import PREREGISTRATION
+from benchmarks.training_study.preregistration2 import CANDIDATES, QUICK2, STUDY2, offset_invariant
+from benchmarks.training_study.runs import run_path
+from benchmarks.training_study.study2 import cost_plan, pilot_cells2, study2_plan
+from benchmarks.training_study.summary2 import choose_rates, decide_default, offset_check
 
 __all__ = [
     "CANDIDATES",

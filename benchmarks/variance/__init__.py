@@ -19,13 +19,8 @@ g = (1/N) sum_i sum_t A_t^(i) s_t^(i).
 The names below are the package's face, for the tests and the training study's precondition.
 """
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks.variance.cli import main  # noqa: E402
-from benchmarks.variance.estimators import (  # noqa: E402
+from benchmarks.variance.cli import main
+from benchmarks.variance.estimators import (
     SHARE_BINS,
     SHIFT_INVARIANT_TAILS,
     VARIANCE_ESTIMATORS,
@@ -37,7 +32,7 @@ from benchmarks.variance.estimators import (  # noqa: E402
     otb_tail_last_advantages,
     share_bin,
 )
-from benchmarks.variance.gradients import (  # noqa: E402
+from benchmarks.variance.gradients import (
     adapter_token_gradients,
     analyse_prompt,
     attach_adapter,
@@ -46,7 +41,7 @@ from benchmarks.variance.gradients import (  # noqa: E402
     reference_coefficients,
     token_gram,
 )
-from benchmarks.variance.sampling import (  # noqa: E402
+from benchmarks.variance.sampling import (
     completion_records,
     count_reward,
     draw_groups,
@@ -56,7 +51,7 @@ from benchmarks.variance.sampling import (  # noqa: E402
     prompt_tensors,
     sample_pool,
 )
-from benchmarks.variance.statistics import squared_bias, summarise  # noqa: E402
+from benchmarks.variance.statistics import squared_bias, summarise
 
 __all__ = [
     "SHARE_BINS",
