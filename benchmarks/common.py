@@ -202,8 +202,8 @@ def tokens_to_target(curve: list[dict], target: float) -> float | None:
 
 
 def command(script: str, argv: list[str] | None = None) -> str:
-    """The command line that ran ``script`` (a file name in benchmarks/) with ``argv`` (default: this process's
-    arguments), as the JSON's ``meta.command``."""
+    """The command line that ran ``script`` (a module of benchmarks/, by its file or package name) with ``argv``
+    (default: this process's arguments), as the JSON's ``meta.command``."""
     module = Path(script).stem
     return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 

@@ -35,10 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks.common import SHAPES, N, build_random_model, command, sync, timed_training, write_json  # noqa: E402
+from benchmarks.common import SHAPES, N, build_random_model, command, sync, timed_training, write_json
 
 
 def environment(device: str) -> dict:

@@ -34,10 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks.common import N, command, pyplot, save_figure, timed_training, write_json  # noqa: E402
+from benchmarks.common import N, command, pyplot, save_figure, timed_training, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root, where each run's subprocess starts (``python -m benchmarks.overhead --worker``)."""

@@ -11,7 +11,6 @@ share of prompts whose samples disagree (the ones GRPO learns from); also writte
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -63,7 +62,6 @@ def main():
     parser.add_argument("--show", type=int, default=0, help="print this many completions per level")
     args = parser.parse_args()
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer()  # the embedded SmolLM2-135M-Instruct
     model.eval()

@@ -27,7 +27,6 @@ Models: ``tiny`` (the test suite's 2-layer Llama), ``embedded`` (SmolLM2-135M-In
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import time
@@ -35,10 +34,7 @@ from pathlib import Path
 
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CountingReward,
     build_random_model,
     command,

@@ -48,7 +48,7 @@ def markdown_section(text: str, heading: str) -> str:
 
 def test_every_generated_benchmark_number_matches_its_json():
     """README.md, docs/benchmarks.md, docs/benchmarks_details.md and docs/faq.md: each generated table and the
-    README's summary equal what benchmarks/report.py makes from benchmarks/results/*.json, and the prose of the
+    README's summary equal what benchmarks/report/ makes from benchmarks/results/*.json, and the prose of the
     checked pages quotes no number that their generated blocks do not show."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT, capture_output=True, text=True
@@ -221,7 +221,7 @@ def test_every_result_file_is_referenced(tmp_path):
     """Every file in benchmarks/results/ is named by the README, a docs page or a benchmark script (device results
     by docs/benchmarks.md): a result nothing quotes is removed, or retired with its table to
     docs/benchmarks_details.md. A stray file is caught."""
-    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
     places.append(ROOT / "benchmarks" / "device_run.sh")
     results, device_page = ROOT / "benchmarks" / "results", ROOT / "docs" / "benchmarks.md"
     assert orphaned_results(results, places, device_page) == []

@@ -30,7 +30,7 @@ def test_random_models_follow_their_shape(tiny_tokenizer):
 
 def test_counting_reward_adds_up_completion_tokens_and_keeps_the_reward():
     """common.CountingReward: the wrapped reward's scores and name, and every scored completion's tokens added up over
-    calls (the x axis of sample_efficiency.py's and training_study.py's curves)."""
+    calls (the x axis of sample_efficiency.py's and training_study's curves)."""
 
     def length_reward(completions, **kwargs):
         return [float(len(c)) + kwargs["bonus"] for c in completions]

@@ -1,4 +1,4 @@
-"""benchmarks/training_study.py: its curve metrics, collapse rule and paired statistics follow their definitions, the
+"""benchmarks/training_study/: its curve metrics, collapse rule and paired statistics follow their definitions, the
 preregistration covers every cell and arm, and its quick mode trains every arm and resumes. The second study
 (--study 2): its pre-registration, the harness's group std scaling and lone-token share against hand computations,
 the exactness of the reward offset, the offset check (equal for an invariant arm, different for the reference),
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import study_task, training_study
+from benchmarks.training_study import summary2
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ def test_study2_a_cell_without_a_target_summarises_with_tokens_to_target_censore
     run = {"curve": curve, "steps": [{"loss": 0.1, "grad_norm": 1.0}], "tokens": 220, "cpu_seconds": 1.0}
     runs = [dict(run, arm=arm, seed=100) for arm in ("grpo_N4", "otb_ref")]
     cell = {"target": None, "token_budget": 200}
-    res = training_study.summarise_cell2(runs, cell, ["grpo_N4", "otb_ref"], ["grpo_N4"])
+    res = summary2.summarise_cell2(runs, cell, ["grpo_N4", "otb_ref"], ["grpo_N4"])
     assert res["arms"]["grpo_N4"]["tokens_to_target_median"] == 200 and res["arms"]["grpo_N4"]["reached"] == 0
     assert res["arms"]["otb_ref"]["auc_mean"] == pytest.approx(training_study.auc(curve, 200))
     assert res["paired"]["otb_ref-grpo_N4"]["auc"]["mean"] == 0

@@ -1,4 +1,4 @@
-"""benchmarks/variance.py: its head statistics and Gram-matrix algebra against brute-force autograd, the adapter
+"""benchmarks/variance/: its head statistics and Gram-matrix algebra against brute-force autograd, the adapter
 gradients and their sketch, the paired bootstrap, the pool cache and resuming, and the study variants. The other
 benchmark scripts: the other files of tests/benchmarks/."""
 
@@ -620,7 +620,7 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
             for loo in (False, True):
                 assert checks[f"shift_{variance.fallback_name(tail, loo)}"] < 1e-6
         assert checks["shift_otb"] > 0.1  # the reference tail is not shift-invariant
-    # benchmarks/report.py's blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
+    # benchmarks/report/'s blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
     from benchmarks import report
 
     ctx = report.Context(results=tmp_path)

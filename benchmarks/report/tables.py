@@ -1,0 +1,43 @@
+"""What every generated block shares: where the JSON files are and the path from the page being rendered to the
+repository root (``Context``), the Markdown table, and the number format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass
+class Context:
+    """Where the JSON files are, and the path from the page being rendered to the repository root."""
+
+    results: Path = RESULTS
+    to_root: str = "../"
+
+    def load(self, stem: str) -> dict:
+        path = self.results / f"{stem}.json"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: run the benchmark command that writes it (docs/benchmarks.md)"
+            )
+        return json.loads(path.read_text())
+
+    def link(self, stem: str) -> str:
+        return f"[{stem}.json]({self.to_root}benchmarks/results/{stem}.json)"
+
+
+def markdown_table(header: list[str], align: list[str], rows) -> list[str]:
+    """The lines of a Markdown table: header cells, each column's alignment (``---`` or ``---:``), rows of cells."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "".join(f"{a}|" for a in align),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"

@@ -1,0 +1,244 @@
+"""The training blocks: the earlier small run (``TRAINING``) and the pre-registered study (``STUDY``): its tables per
+cell, its precondition, and the sentences of the docs' verdict and of the README."""
+
+from __future__ import annotations
+
+from benchmarks.report.tables import Context, markdown_table
+
+# The earlier small training run (benchmarks/sample_efficiency.py --cpu-run), kept as a labelled footnote.
+TRAINING = "sample_efficiency_embedded_math"
+# The training result quoted by the verdict: the pre-registered study of benchmarks/training_study/.
+STUDY = "training_study"
+
+
+def _reached(arm: dict) -> str:
+    median = "" if arm["median_tokens"] is None else f" (median {arm['median_tokens']:.0f} tokens)"
+    return f"{arm['reached']} seeds{median}"
+
+
+def training_sentence(ctx: Context, arms=("otb_N4", "grpo_N4", "grpo_N16")) -> str:
+    """The training result: seeds that reached the target held-out accuracy, and the tokens it took, per arm."""
+    data = ctx.load(TRAINING)
+    meta, s = data["meta"], data["summary"]
+    names = {"otb_N4": "OTB at N=4", "grpo_N4": "GRPO at N=4", "grpo_N16": "GRPO at N=16"}
+    reached = ", ".join(f"{names[a]} in {_reached(s[a])}" for a in arms)
+    return (
+        f"in one small training run ({len(meta['seeds'])} seeds, {meta['token_budget']} completion tokens each, "
+        f"answers of at most {meta['max_completion_length']} tokens) the arms reached {meta['target']} held-out "
+        f"accuracy: {reached}"
+    )
+
+
+def training_verdict(ctx: Context) -> str:
+    text = training_sentence(ctx)
+    return f"{text[0].upper()}{text[1:]} ({ctx.link(TRAINING)})."
+
+
+def efficiency_table(data) -> str:
+    target = data["meta"]["target"]
+    seeds = sorted({r["seed"] for r in data["runs"]})
+    header = [
+        "arm",
+        f"tokens to reach {target} per seed ({', '.join(map(str, seeds))})",
+        "reached",
+        "median tokens",
+        "final score median (min-max)",
+        "tokens used",
+        "steps",
+        "minutes per run",
+    ]
+    rows = []
+    for arm, s in data["summary"].items():
+        f = s["final_score"]
+        rows.append(
+            [
+                arm,
+                ", ".join("-" if t is None else f"{t:.0f}" for t in s["tokens_to_target"].values()),
+                s["reached"],
+                "not reached" if s["median_tokens"] is None else f"{s['median_tokens']:.0f}",
+                f"{f['median']:.3f} ({f['min']:.3f}-{f['max']:.3f})",
+                f"{s['tokens_consumed']:.0f}",
+                f"{s['steps']:.0f}",
+                f"{s['seconds'] / 60:.1f}",
+            ]
+        )
+    align = ["---", "---", "---:", "---:", "---", "---:", "---:", "---:"]
+    return "\n".join(markdown_table(header, align, rows))
+
+
+ARM_LABELS = {
+    "otb_N4": "OTB, N=4",
+    "grpo_N4": "GRPO, N=4 (TRL's default, std-scaled)",
+    "grpo_unscaled_N4": "GRPO, N=4, unscaled",
+    "ogb_N4": "OGB, N=4",
+    "grpo_N16": "GRPO, N=16 (std-scaled)",
+}
+METRIC_LABELS = {"tokens_to_target": "tokens to target", "auc": "mean score over the budget", "final": "final score"}
+LOWER_IS_BETTER = {"tokens_to_target"}
+
+
+def _better(metric: str, t: dict) -> str:
+    """'better' / 'worse' for OTB when the paired interval excludes 0, else ''."""
+    if not t["differ"]:
+        return ""
+    otb_lower = t["mean"] < 0
+    return "better" if otb_lower == (metric in LOWER_IS_BETTER) else "worse"
+
+
+def _diff(metric: str, t: dict) -> str:
+    fmt = (lambda x: f"{x:+.0f}") if metric == "tokens_to_target" else (lambda x: f"{x:+.3f}")
+    mark = _better(metric, t)
+    return f"{fmt(t['mean'])} ({fmt(t['ci'][0])} to {fmt(t['ci'][1])}){f' **{mark}**' if mark else ''}"
+
+
+def study_paired_table(data, cell: str) -> str:
+    """OTB at N=4 minus each other arm, per metric: mean over seeds with the paired bootstrap 95% interval."""
+    paired = data["cells"][cell]["paired"]
+    header = ["OTB N=4 minus", "seeds", *METRIC_LABELS.values()]
+    rows = [
+        [
+            ARM_LABELS[pair.split("-", 1)[1]],
+            str(next(iter(m.values()))["seeds"]),
+            *(_diff(k, m[k]) for k in METRIC_LABELS),
+        ]
+        for pair, m in paired.items()
+    ]
+    return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:", "---:"], rows))
+
+
+def study_arms_table(data, cell: str) -> str:
+    """Per arm: what its seeds reached, its collapse rate, its gradient norms and its cost."""
+    spec = data["preregistration"]["cells"][cell]
+    header = [
+        "arm",
+        "runs",
+        f"reached {spec['target']}",
+        "tokens to target (median)",
+        "mean score over the budget",
+        "final score (mean)",
+        "collapsed (95% interval)",
+        "grad norm: median, CV",
+        "CPU s per run",
+    ]
+    rows = []
+    for arm, a in data["cells"][cell]["arms"].items():
+        lo, hi = a["collapse_ci"]
+        rows.append(
+            [
+                ARM_LABELS[arm],
+                str(a["runs"]),
+                str(a["reached"]),
+                f"{a['tokens_to_target_median']:.0f}",
+                f"{a['auc_mean']:.3f}",
+                f"{a['final_mean']:.3f}",
+                f"{round(a['collapse_rate'] * a['runs'])}/{a['runs']} ({lo:.2f}-{hi:.2f})",
+                f"{a['grad_norm_median']:.3f}, {a['grad_norm_cv_median']:.2f}",
+                f"{a['cpu_seconds_median']:.0f}",
+            ]
+        )
+    return "\n".join(markdown_table(header, ["---", *["---:"] * (len(header) - 1)], rows))
+
+
+def study_precondition_table(data) -> str:
+    """The variance benchmark on each task at seed 0's warm-started policy, before training: OTB over GRPO and OGB at
+    N=4."""
+    header = ["task", "mean completion tokens", "OTB / GRPO (unscaled)", "OTB / OGB"]
+    rows = []
+    for task, v in data["variance_check"].items():
+        cells = []
+        for key in ("N=4/otb-grpo", "N=4/otb-ogb"):
+            t = v[key]
+            cells.append(f"{t['ratio']:.3f} ({t['ratio_ci'][0]:.3f}-{t['ratio_ci'][1]:.3f})")
+        rows.append([task, f"{v['mean_completion_tokens']:.1f}", *cells])
+    return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows))
+
+
+def _comparison(metrics: dict) -> dict[str, list[str]]:
+    """The metrics on which OTB's paired interval against one arm excludes 0, as {"better": [...], "worse": [...]}."""
+    out = {"better": [], "worse": []}
+    for k, t in metrics.items():
+        mark = _better(k, t)
+        if mark:
+            out[mark].append(METRIC_LABELS[k])
+    return out
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _cell_findings(res: dict, arms=None) -> tuple[list[str], list[str]]:
+    """What OTB at N=4 was against each arm of a cell (``arms``: all by default): clauses where the paired interval
+    excludes 0, and the labels of the arms it was no different from on every metric."""
+    clauses, same = [], []
+    for pair, metrics in res["paired"].items():
+        arm = pair.split("-", 1)[1]
+        if arms is not None and arm not in arms:
+            continue
+        found = _comparison(metrics)
+        parts = [f"{word} than {ARM_LABELS[arm]} on {_and(found[word])}" for word in found if found[word]]
+        if parts:
+            clauses.append("; ".join(parts))
+        else:
+            same.append(ARM_LABELS[arm])
+    return clauses, same
+
+
+def _seeds(res: dict) -> int:
+    return min((next(iter(m.values()))["seeds"] for m in res["paired"].values()), default=0)
+
+
+def study_sentences(ctx: Context) -> list[str]:
+    """Per cell, what the paired comparisons say, then each arm's collapses where any arm collapsed."""
+    data = ctx.load(STUDY)
+    out = []
+    for cell, res in data["cells"].items():
+        if not res["paired"]:
+            out.append(f"{cell}: not run yet")
+            continue
+        spec = data["preregistration"]["cells"][cell]
+        if _seeds(res) < 2:  # a bootstrap over one seed is a point, not an interval
+            out.append(f"{cell} ({spec['task']}): {_seeds(res)} paired seed so far, too few to compare")
+            continue
+        clauses, same = _cell_findings(res)
+        text = f"{cell} ({spec['task']}, learning rate {spec['learning_rate']:.0e}, {_seeds(res)} paired seeds): OTB at N=4 was "
+        if clauses:
+            text += "; ".join(clauses)
+            if same:
+                text += f"; no different from {', '.join(same)} on any metric"
+        else:
+            text += "no different from any other arm on any metric"
+        out.append(text)
+        if any(v["collapse_rate"] > 0 for v in res["arms"].values()):
+            rates = "; ".join(
+                f"{ARM_LABELS[a]}: {round(v['collapse_rate'] * v['runs'])}/{v['runs']}" for a, v in res["arms"].items()
+            )
+            out.append(f"runs that collapsed in {cell}: {rates}")
+    return out
+
+
+def study_readme_sentence(ctx: Context, cell: str = "long") -> str:
+    """The README's line on training: the long cell of the study, OTB at N=4 against TRL's default GRPO, OGB and
+    GRPO at N=16."""
+    data = ctx.load(STUDY)
+    res, spec = data["cells"][cell], data["preregistration"]["cells"][cell]
+    if not res["paired"]:
+        return "the pre-registered training study has not run yet"
+    clauses, same = _cell_findings(res, arms=("grpo_N4", "ogb_N4", "grpo_N16"))
+    same = [f"no different from {_and(same)} on any of them"] if same else []
+
+    def collapses(arms):
+        return sum(round(v["collapse_rate"] * v["runs"]) for v in arms), sum(v["runs"] for v in arms)
+
+    otb = collapses([res["arms"]["otb_N4"]])
+    others = collapses([v for a, v in res["arms"].items() if a != "otb_N4"])
+    return (
+        f"in a pre-registered training study (a 2-layer model warm-started on CPU, a {spec['task']} task whose "
+        f"answers average over 128 tokens, {_seeds(res)} paired seeds, equal completion tokens; tokens to the target "
+        f"held-out score, mean held-out score and final score) OTB at N=4 was {'; '.join(clauses + same)}; "
+        f"{otb[0]} of OTB's {otb[1]} runs collapsed, {others[0]} of the other arms' {others[1]}"
+    )
+
+
+def study_verdict(ctx: Context) -> str:
+    return "\n".join(f"- {line}." for line in study_sentences(ctx)) + f"\n\n({ctx.link(STUDY)})"
