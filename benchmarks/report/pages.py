@@ -33,6 +33,7 @@ from benchmarks.report.cost import (
     speed_table,
 )
 from benchmarks.report.fallbacks import fallbacks_bias, fallbacks_calibration, fallbacks_overview, fallbacks_table
+from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_readme_table
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
@@ -102,6 +103,9 @@ BLOCKS = {
     "study-paired": _from_cell(study_paired_table),
     "study-arms": _from_cell(study_arms_table),
     "study-precondition": _from(study_precondition_table),
+    "study2-cell": _from_cell(study2_cell_table),
+    "study2-decision": study2_decision,
+    "study2-readme": study2_readme_table,
 }
 
 

@@ -1,0 +1,106 @@
+"""The second training study's blocks (``STUDY2``: benchmarks/training_study/, ``--study 2``): the README's short
+table, each cell's table of arms with their paired comparisons, and the decision rule's outcome."""
+
+from __future__ import annotations
+
+from benchmarks.report.tables import Context, markdown_table
+
+STUDY2 = "training_study2"
+ARM_LABELS2 = {
+    "otb_ref": "OTB, reference tail (`zero`)",
+    "otb_zero_advantage": "OTB, `zero_advantage`",
+    "otb_sequence_baseline": "OTB, `sequence_baseline`",
+    "otb_zero_advantage_scaled": "OTB, `zero_advantage`, std-scaled",
+    "grpo_N4": "GRPO (TRL's default, std-scaled)",
+    "grpo_unscaled_N4": "GRPO, unscaled",
+    "ogb_N4": "OGB",
+    "rloo_N4": "RLOO",
+    "grpo_N16": "GRPO, N=16 (std-scaled)",
+}
+REFERENCES = {"grpo_N4": "TRL's GRPO", "grpo_unscaled_N4": "unscaled GRPO", "otb_ref": "reference OTB"}
+
+
+def _auc_diff(t: dict | None) -> str:
+    """A paired auc difference: mean (95% interval), marked when the interval excludes 0 (over 2 seeds or more: one
+    seed's interval is a point); '-' when absent."""
+    if t is None:
+        return "-"
+    lo, hi = t["ci"]
+    mark = "" if t["seeds"] < 2 else " **higher**" if lo > 0 else " **lower**" if hi < 0 else ""
+    return f"{t['mean']:+.3f} ({lo:+.3f} to {hi:+.3f}){mark}"
+
+
+def _collapses(a: dict) -> str:
+    return f"{round(a['collapse_rate'] * a['runs'])}/{a['runs']}"
+
+
+def study2_cell_table(data, cell: str) -> str:
+    """Per arm of a cell: its learning rate, seeds, mean auc and final score, collapses (Wilson 95% interval), the
+    final score's sampling SE (the collapse rule's noise floor), per-step medians, and its paired auc difference
+    against each reference."""
+    res = data["cells"][cell]
+    header = [
+        "arm",
+        "lr",
+        "runs",
+        "mean score over the budget",
+        "final (SE)",
+        "collapsed (95% interval)",
+        "lone-token share",
+        "mean length",
+        *(f"auc minus {label}" for label in REFERENCES.values()),
+    ]
+    rows = []
+    for arm, a in res["arms"].items():
+        lo, hi = a["collapse_ci"]
+        paired = [_auc_diff(res["paired"].get(f"{arm}-{ref}", {}).get("auc")) for ref in REFERENCES]
+        rows.append(
+            [
+                ARM_LABELS2[arm],
+                f"{a['learning_rate']:.0e}" if a.get("learning_rate") else "-",
+                str(a["runs"]),
+                f"{a['auc_mean']:.3f}",
+                f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})",
+                f"{_collapses(a)} ({lo:.2f}-{hi:.2f})",
+                f"{a['lone_token_frac_median']:.3f}",
+                f"{a['mean_length_median']:.0f}",
+                *paired,
+            ]
+        )
+    return "\n".join(markdown_table(header, ["---", *["---:"] * (len(header) - 1)], rows))
+
+
+def study2_decision(ctx: Context) -> str:
+    """The pre-registered decision rule's outcome: each candidate's reason, the chosen default and its settings."""
+    data = ctx.load(STUDY2)
+    decision = data.get("decision")
+    if not decision:
+        return (
+            f"The decision rule has not run: the study has not finished `long` and `long_right`. ({ctx.link(STUDY2)})"
+        )
+    lines = [f"- {reason}." for reason in decision["reasons"]]
+    settings = ", ".join(f"`{k}={v!r}`" for k, v in decision["config"].items())
+    lines.append(f"- the default: {settings}.")
+    if decision.get("statement"):
+        lines.append(f"- {decision['statement']}")
+    return "\n".join(lines) + f"\n\n({ctx.link(STUDY2)})"
+
+
+def study2_readme_table(ctx: Context) -> str:
+    """The README's summary of the second study: per cell, the chosen default OTB's mean-score (auc) difference
+    from TRL's default GRPO with its paired interval, and the collapses of the default, TRL's GRPO and the
+    reference OTB."""
+    data = ctx.load(STUDY2)
+    decision = data.get("decision")
+    if not decision:
+        return f"The second training study has not finished. ({ctx.link(STUDY2)})"
+    chosen = decision["arm"]
+    header = ["cell", "seeds", f"{ARM_LABELS2[chosen]}: auc minus TRL's GRPO", "collapses: default / GRPO / ref. OTB"]
+    rows = []
+    for cell in data["preregistration"]["decision_cells"]:
+        res = data["cells"][cell]
+        auc = res["paired"].get(f"{chosen}-grpo_N4", {}).get("auc")
+        arms = res["arms"]
+        collapses = " / ".join(_collapses(arms[a]) if a in arms else "-" for a in (chosen, "grpo_N4", "otb_ref"))
+        rows.append([cell, str(auc["seeds"]) if auc else "0", _auc_diff(auc), collapses])
+    return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows)) + f"\n\n({ctx.link(STUDY2)})"

@@ -1,0 +1,45 @@
+"""The second training study's generated blocks (benchmarks/report/study2.py), on the committed pilot summary and on
+a synthetic finished study."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.report import study2
+from benchmarks.report.tables import Context
+
+
+def _finished(tmp_path, decision):
+    """A summary of the study's shape: every decision cell with the chosen arm, TRL's GRPO and the reference OTB."""
+    ctx = Context()
+    pilot = ctx.load("training_study2_pilot_long_right")
+    cell = pilot["cells"]["pilot_long_right_lr0.0005"]
+    auc = {"mean": -0.01, "ci": [-0.03, 0.02], "differ": False, "seeds": 10}
+    cell = dict(cell, paired={"otb_zero_advantage-grpo_N4": {"auc": auc}})
+    cells = {c: cell for c in pilot["preregistration"]["decision_cells"]}
+    summary = {"preregistration": pilot["preregistration"], "cells": cells, "decision": decision}
+    (tmp_path / f"{study2.STUDY2}.json").write_text(json.dumps(summary))
+    return Context(results=tmp_path)
+
+
+def test_study2_cell_table_has_a_row_per_arm_and_marks_no_single_seed_interval():
+    data = Context().load("training_study2_pilot_long_right")
+    table = study2.study2_cell_table(data, "pilot_long_right_lr0.0005").splitlines()
+    assert len(table) == 2 + len(data["cells"]["pilot_long_right_lr0.0005"]["arms"])
+    assert not any("**" in row for row in table), "one seed's interval is a point: nothing is marked"
+
+
+def test_study2_readme_table_and_decision_before_and_after_the_study(tmp_path):
+    assert "has not finished" in study2.study2_readme_table(_finished(tmp_path, None))
+    assert "has not run" in study2.study2_decision(_finished(tmp_path, None))
+    decision = {
+        "arm": "otb_zero_advantage",
+        "config": {"advantage_estimator": "otb", "otb_tail": "zero_advantage"},
+        "reasons": ["chosen: otb_zero_advantage"],
+        "statement": None,
+    }
+    ctx = _finished(tmp_path, decision)
+    rows = study2.study2_readme_table(ctx).split("\n\n")[0].splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["long", "long_right", "short", "long_high_lr"]
+    assert all("-0.010 (-0.030 to +0.020) |" in r and "**" not in r for r in rows)
+    assert "`otb_tail='zero_advantage'`" in study2.study2_decision(ctx)
