@@ -112,6 +112,16 @@ def checks(runs: list[dict], reference: dict) -> dict:
     }
 
 
+def failed_checks(found: dict, min_length: float = 128) -> list[str]:
+    """What in ``checks``' result forbids a conclusion (empty: nothing)."""
+    problems = [f"{name}: no parameter moved" for name in found["runs_that_moved_no_weight"]]
+    if found["default_is_reference"] or found["default_configurations"] > 1:
+        problems.append("otb_default ran the reference's settings, or more than one configuration")
+    if found["first_step_mean_length"] < min_length:
+        problems.append(f"completions averaged {found['first_step_mean_length']:.1f} tokens at the first step")
+    return problems
+
+
 def fidelity_of(runs: list[dict]) -> list[dict]:
     """The in-training fidelity checks (the steps that logged otb/fidelity/*), of every run that has them."""
     found = []
@@ -167,20 +177,23 @@ def plot(runs: dict, cells: dict, arms: list[str], path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def measured_costs(data: dict) -> dict:
-    """From --measure-steps' JSON: per arm the median CPU s of a step after the first, the median CPU s of one
-    evaluation (start and end of every arm), the mean completion length, and the fidelity check's CPU s per checked token."""
+def measured_costs(data: dict, fidelity_rows: int = 1) -> dict:
+    """From --measure-steps' JSON: per arm the median CPU s of a step after the first (the first holds the warm-up,
+    and on otb_default the fidelity check), the median CPU s of an evaluation (start and end of every arm), the mean
+    completion length, and the fidelity check's CPU s per checked token: its step's CPU s less the arm's median
+    step, over ``fidelity_rows`` x that step's mean completion length (the check's own logged seconds per token are
+    wall seconds, beside it)."""
     runs = data["runs"]
     steps = {r["arm"]: _median(s["cpu_seconds"] for s in r["steps"][1:]) for r in runs}
-    tokens = _mean(s["completions/mean_length"] for r in runs for s in r["steps"])
-    per_token = [
-        s["otb/fidelity/seconds_per_token"] for r in runs for s in r["steps"] if "otb/fidelity/seconds_per_token" in s
-    ]
+    checked = [(r["arm"], s) for r in runs for s in r["steps"] if "otb/fidelity/seconds_per_token" in s]
     return {
         "step_cpu_seconds": steps,
         "eval_cpu_seconds": _median(p["eval_cpu_seconds"] for r in runs for p in r["curve"]),
-        "completion_tokens_per_completion": tokens,
-        "fidelity_seconds_per_token": _median(per_token),
+        "completion_tokens_per_completion": _mean(s["completions/mean_length"] for r in runs for s in r["steps"]),
+        "fidelity_cpu_seconds_per_token": _median(
+            (s["cpu_seconds"] - steps[arm]) / (fidelity_rows * s["completions/mean_length"]) for arm, s in checked
+        ),
+        "fidelity_wall_seconds_per_token": _median(s["otb/fidelity/seconds_per_token"] for _, s in checked),
     }
 
 
@@ -195,7 +208,7 @@ def cost_plan(measured: dict, prereg: dict, jobs: int = 2) -> dict:
     fid = prereg["fidelity"]
     checks_ = len(range(0, steps, fid["otb_fidelity_check_steps"]))
     fidelity = (
-        checks_ * fid["otb_fidelity_rows"] * task["max_completion_length"] * measured["fidelity_seconds_per_token"]
+        checks_ * fid["otb_fidelity_rows"] * task["max_completion_length"] * measured["fidelity_cpu_seconds_per_token"]
     )
     initial = (len(seeds) + 1) * measured["eval_cpu_seconds"]
     pilot = len(grid) * sum(run.values())
@@ -213,3 +226,29 @@ def cost_plan(measured: dict, prereg: dict, jobs: int = 2) -> dict:
         "wall_hours_at_2_jobs": round(total / 3600 / jobs, 2),
         "seconds_per_seed": round(sum(run.values())),
     }
+
+
+def steps_table(data: dict, prereg: dict) -> str:
+    """docs/benchmarks.md's block: the measured cost per arm (--measure-steps' JSON) and the plan sized from it."""
+    costs, plan = data["costs"], cost_plan(data["costs"], prereg)
+    rows = [
+        f"| {r['arm']} | {len(r['steps'])} | {costs['step_cpu_seconds'][r['arm']]:.1f} | "
+        f"{_median(s['wall_seconds'] for s in r['steps'][1:]):.1f} | "
+        f"{_mean(s['completions/mean_length'] for s in r['steps']):.1f} |"
+        for r in data["runs"]
+    ]
+    return "\n".join(
+        [
+            "| arm | steps timed | CPU s per step (median after the first) | wall s per step | mean completion tokens |",
+            "|---|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"One held-out evaluation ({len(prereg['task']['held_out_targets']) * prereg['eval_samples']} "
+            f"completions): {costs['eval_cpu_seconds']:.1f} CPU s (median of "
+            f"{sum(len(r['curve']) for r in data['runs'])}). The fidelity check: "
+            f"{costs['fidelity_cpu_seconds_per_token']:.2f} CPU s per checked token. The plan from these: "
+            f"{plan['steps_per_run']} steps and {plan['evaluations_per_run']} evaluations per run, "
+            f"{plan['pilot']['runs']} pilot and {plan['study']['runs']} study runs, {plan['cpu_hours']:.2f} CPU hours, "
+            f"{plan['wall_hours_at_2_jobs']:.2f} hours of wall time at 2 jobs on two free cores.",
+        ]
+    )

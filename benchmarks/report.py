@@ -900,6 +900,14 @@ def device_overhead_table(data) -> str:
     )
 
 
+def real_model_steps(ctx: Context, stem: str) -> str:
+    """The real-model study's measured step costs and the plan its pre-registration sized from them."""
+    from benchmarks.real_model_analysis import steps_table
+    from benchmarks.real_model_study import PREREGISTRATION
+
+    return steps_table(ctx.load(stem), PREREGISTRATION) + f"\n\n({ctx.link(stem)})"
+
+
 def _from_cell(fn):
     return lambda ctx, stem, cell: fn(ctx.load(stem), cell) + f"\n\n({ctx.link(stem)})"
 
@@ -932,6 +940,7 @@ BLOCKS = {
     "study-paired": _from_cell(study_paired_table),
     "study-arms": _from_cell(study_arms_table),
     "study-precondition": _from(study_precondition_table),
+    "real-model-steps": real_model_steps,
 }
 
 # --- pages ---------------------------------------------------------------------------------------------------------
