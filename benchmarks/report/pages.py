@@ -37,6 +37,7 @@ from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
+    real_model_steps,
     study_arms_table,
     study_paired_table,
     study_precondition_table,
@@ -106,6 +107,7 @@ BLOCKS = {
     "study2-cell": _from_cell(study2_cell_table),
     "study2-decision": study2_decision,
     "study2-readme": study2_readme_table,
+    "real-model-steps": real_model_steps,
 }
 
 

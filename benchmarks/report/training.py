@@ -242,3 +242,11 @@ def study_readme_sentence(ctx: Context, cell: str = "long") -> str:
 
 def study_verdict(ctx: Context) -> str:
     return "\n".join(f"- {line}." for line in study_sentences(ctx)) + f"\n\n({ctx.link(STUDY)})"
+
+
+def real_model_steps(ctx: Context, stem: str) -> str:
+    """The real-model study's measured step costs and the plan its pre-registration sized from them."""
+    from benchmarks.real_model_analysis import steps_table
+    from benchmarks.real_model_study import PREREGISTRATION
+
+    return steps_table(ctx.load(stem), PREREGISTRATION) + f"\n\n({ctx.link(stem)})"

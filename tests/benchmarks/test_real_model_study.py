@@ -1,0 +1,219 @@
+"""benchmarks/real_model_study.py (issue 27): its quick mode trains every arm and resumes, --measure-steps feeds the
+plan, the analysis follows the pre-registration on synthetic runs, the pre-registration's cost is the plan's
+arithmetic on the committed measurement, its precondition is the committed variance result, and the in-training
+fidelity check leaves a run unchanged. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import real_model_analysis as analysis
+from benchmarks import real_model_study as study
+from benchmarks import real_model_task as task
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+PRE = study.PREREGISTRATION
+
+
+def _run(*args: str, out: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "benchmarks.real_model_study", *args, "--out", str(out), "--jobs", "1"]
+    return subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+
+
+def test_quick_mode_trains_every_arm_records_its_configuration_and_resumes(tmp_path):
+    first = _run("--quick", "--cache", str(tmp_path / "cache"), out=tmp_path)
+    assert "3 runs to do" in first.stdout
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / study.FOLDER / "quick").glob("*.json")}
+    assert sorted(runs) == sorted(f"{arm}-s0" for arm in PRE["arms"])
+    for name, run in runs.items():
+        assert run["weights_moved"] > 0, f"{name}: no parameter moved, so the run trained nothing"
+        assert len(run["steps"]) == 2 and len(run["curve"]) == 2 and run["tokens"] > 0
+        assert all(s["cpu_seconds"] > 0 for s in run["steps"])
+        assert run["config"]["num_generations"] == 4 and run["otb_defaults"] == study.otb_defaults()
+    assert {k: runs["otb_ref-s0"]["config"][k] for k in study.REFERENCE} == study.REFERENCE
+    assert {k: runs["otb_default-s0"]["config"][k] for k in study.REFERENCE} == study.otb_defaults()
+    assert runs["grpo_N4-s0"]["config"]["scale_rewards"] == "group"
+    # every arm of a seed starts from the same evaluation (cached once)
+    assert len({json.dumps(r["curve"][0]) for r in runs.values()}) == 1
+    summary = json.loads((tmp_path / f"{study.FOLDER}_quick.json").read_text())
+    assert summary["meta"]["command"].startswith("python -m benchmarks.real_model_study --quick")
+    assert set(summary["cells"]["quick"]["arms"]) == set(PRE["arms"])
+    assert set(summary["cells"]["quick"]["paired"]) == {f"{a}-{b}" for a, b in analysis.PAIRS}
+    assert summary["checks"]["runs_that_moved_no_weight"] == []
+    assert (tmp_path / f"{study.FOLDER}_quick.png").stat().st_size > 0
+    again = _run("--quick", "--cache", str(tmp_path / "cache"), out=tmp_path)
+    assert "0 runs to do" in again.stdout  # every finished run is kept, none is run twice
+
+
+def test_quick_measure_steps_feeds_the_plan(tmp_path):
+    _run("--quick", "--measure-steps", out=tmp_path)
+    data = json.loads((tmp_path / study.STEPS_FILE).read_text())
+    assert data["meta"]["command"].startswith("python -m benchmarks.real_model_study --quick --measure-steps")
+    assert [len(r["steps"]) for r in data["runs"]] == [study.MEASURE["steps"]] * len(PRE["arms"])
+    costs = data["costs"]
+    assert set(costs["step_cpu_seconds"]) == set(PRE["arms"]) and costs["fidelity_wall_seconds_per_token"] > 0
+    fidelity = [s for r in data["runs"] for s in r["steps"] if "otb/fidelity/seconds_per_token" in s]
+    assert [s["step"] for s in fidelity] == [1]  # one check, in otb_default's first step only
+    plan = json.loads(_run("--plan", out=tmp_path).stdout)
+    assert plan == analysis.cost_plan(costs, PRE, jobs=1)
+
+
+def test_the_fidelity_check_leaves_the_run_unchanged(tmp_path):
+    """The pre-registration runs the fidelity check inside a study run: it must change nothing of that run."""
+    args = study.parse_args(["--quick"])
+    args.workdir, args.cache = str(tmp_path), tmp_path / "cache"
+    plain = study.run_one(study.make_job(args, "quick", "otb_default", 0, 1e-3))
+    checked = study.run_one(
+        study.make_job(args, "quick", "otb_default", 0, 1e-3, fidelity={"check_steps": 1, "rows": 1})
+    )
+    assert plain["weights_moved"] > 0
+    assert sum("otb/fidelity/seconds_per_token" in s for s in checked["steps"]) == 2
+
+    def scores(run):
+        return [(p["step"], p["tokens"], p["score"], p["se"]) for p in run["curve"]]
+
+    assert scores(checked) == scores(plain) and checked["weights_moved"] == plain["weights_moved"]
+    keys = ("loss", "grad_norm", "reward", "completions/mean_length")
+    assert [[s[k] for k in keys] for s in checked["steps"]] == [[s[k] for k in keys] for s in plain["steps"]]
+
+
+# --- the analysis on synthetic runs -------------------------------------------------------------------------------
+
+
+def _synthetic(arm: str, seed: int, scores, lengths=(200.0, 210.0), moved=1.0) -> dict:
+    budget = 1000
+    curve = [{"tokens": budget * i // (len(scores) - 1), "score": s, "se": 0.01} for i, s in enumerate(scores)]
+    steps = [{"step": i + 1, "loss": 0.1, "grad_norm": 2.0, "completions/mean_length": x, "cpu_seconds": 3.0}
+             for i, x in enumerate(lengths)]  # fmt: skip
+    config = {"otb_tail": "zero_advantage", "otb_leave_one_out": False, "scale_rewards": "none"}
+    return {"arm": arm, "seed": seed, "learning_rate": 1e-5, "curve": curve, "steps": steps, "tokens": budget,
+            "cpu_seconds": 6.0, "weights_moved": moved, "config": config}  # fmt: skip
+
+
+def test_analysis_pairs_the_seeds_and_gives_an_interval_from_six_seeds():
+    def runs(seeds):
+        out = []
+        for s in seeds:
+            base = 0.20 + 0.01 * s
+            out += [
+                _synthetic("grpo_N4", s, [base, base + 0.02, base + 0.04]),
+                _synthetic("otb_ref", s, [base, base + 0.02, base + 0.04]),
+                _synthetic("otb_default", s, [base, base + 0.03 + 0.001 * s, base + 0.05]),
+            ]
+        return out
+
+    six = analysis.summarise_cell(runs(range(6)), list(PRE["arms"]), 1000, 0.25)
+    auc = six["paired"]["otb_default-grpo_N4"]["auc"]
+    # the middle evaluation is 0.01 + 0.001 s higher and the last 0.01: trapezoids give (0.01+0.001s)/2 + 0.01/4
+    assert auc["mean"] == pytest.approx(sum((0.01 + 0.001 * s) / 2 + 0.01 / 4 for s in range(6)) / 6)
+    assert auc["differ"] and auc["ci"][0] > 0 and auc["seeds"] == 6
+    assert six["paired"]["otb_ref-grpo_N4"]["final"]["mean"] == pytest.approx(0.0)
+    assert six["arms"]["otb_default"]["runs"] == 6 and six["arms"]["grpo_N4"]["collapsed"] == 0
+    five = analysis.summarise_cell(runs(range(5)), list(PRE["arms"]), 1000, 0.25)
+    assert "ci" not in five["paired"]["otb_default-grpo_N4"]["auc"]  # fewer than 6 paired seeds: the mean only
+
+
+def test_analysis_collapse_target_and_checks():
+    healthy = _synthetic("grpo_N4", 0, [0.2, 0.25, 0.3])
+    assert not analysis.run_metrics(healthy, 1000, 0.25)["collapsed"]
+    assert analysis.run_metrics(healthy, 1000, 0.25)["tokens_to_target"] == pytest.approx(500)
+    censored = analysis.run_metrics(healthy, 1000, 0.5)
+    assert censored["tokens_to_target"] == 1000 and not censored["reached"]
+    assert analysis.run_metrics(_synthetic("grpo_N4", 0, [0.2, 0.15, 0.09]), 1000, 0.25)["collapsed"]  # < half
+    shorter = _synthetic("grpo_N4", 0, [0.2, 0.25, 0.3], lengths=(200.0, 90.0))
+    assert analysis.run_metrics(shorter, 1000, 0.25)["collapsed"]  # the completions halved: a length collapse
+    nan = _synthetic("grpo_N4", 0, [0.2, 0.25, 0.3])
+    nan["steps"][0]["grad_norm"] = float("nan")
+    assert analysis.run_metrics(nan, 1000, 0.25)["collapsed"]
+    runs = [_synthetic("otb_default", 0, [0.2, 0.3, 0.3]), _synthetic("grpo_N4", 0, [0.2, 0.3, 0.3], moved=0.0)]
+    checks = analysis.checks(runs, study.REFERENCE)
+    assert checks["runs_that_moved_no_weight"] == ["grpo_N4-s0"] and not checks["default_is_reference"]
+    assert analysis.failed_checks(checks) == ["grpo_N4-s0: no parameter moved"]  # the lengths (200) pass
+    runs[0]["config"] = dict(study.REFERENCE)
+    assert analysis.checks(runs, study.REFERENCE)["default_is_reference"]
+    runs[1]["weights_moved"] = 1.0
+    assert len(analysis.failed_checks(analysis.checks(runs, study.REFERENCE))) == 1
+
+
+def test_pilot_rule_takes_the_highest_auc_and_the_lower_rate_on_a_tie():
+    cells = {
+        "a": {"arms": {"grpo_N4": {"auc_mean": 0.2}, "otb_ref": {"auc_mean": 0.3}}},
+        "b": {"arms": {"grpo_N4": {"auc_mean": 0.25}, "otb_ref": {"auc_mean": 0.3}}},
+        "c": {"arms": {"grpo_N4": {"auc_mean": 0.1}}},
+    }
+    chosen = analysis.choose_rates(cells, ["grpo_N4", "otb_ref", "otb_default"], {1e-6: "a", 3e-6: "b", 1e-5: "c"})
+    assert chosen == {"grpo_N4": 3e-6, "otb_ref": 1e-6}
+
+
+def test_the_default_arm_is_refused_while_the_default_is_the_reference(monkeypatch):
+    args = study.parse_args([])
+    monkeypatch.setattr(study, "otb_defaults", lambda: dict(study.REFERENCE))
+    with pytest.raises(SystemExit, match="reference"):
+        study._refuse_reference_default(args)
+    args.arms = ["otb_ref", "grpo_N4"]
+    study._refuse_reference_default(args)  # the other arms' pilots may run before the default is chosen
+    monkeypatch.setattr(study, "otb_defaults", lambda: dict(study.REFERENCE, otb_tail="zero_advantage"))
+    study._refuse_reference_default(study.parse_args([]))
+
+
+# --- the pre-registration -------------------------------------------------------------------------------------------
+
+
+def test_preregistration_arms_seeds_and_task():
+    arms = PRE["arms"]
+    assert arms["otb_default"] == {"advantage_estimator": "otb"}  # OTBConfig's defaults, read at run time
+    assert arms["otb_ref"] == {"advantage_estimator": "otb", **study.REFERENCE}
+    assert arms["grpo_N4"] == {"advantage_estimator": "grpo", "scale_rewards": "group"}
+    assert PRE["num_generations"] == 4 and len(PRE["seeds"]) >= 6
+    assert PRE["learning_rates"]["pilot_seed"] not in PRE["seeds"] and study.MEASURE["seed"] not in PRE["seeds"]
+    assert min(PRE["learning_rates"]["grid"]) <= study.MEASURE["learning_rate"] <= max(PRE["learning_rates"]["grid"])
+    t = PRE["task"]
+    assert not set(t["train_targets"]) & set(t["held_out_targets"])
+    assert PRE["token_budget"] % PRE["eval_every_tokens"] == 0
+
+
+def test_preregistration_precondition_is_the_committed_variance_cell():
+    """The committed variance result is this cell's check: same task, prompts, temperature and horizon; it passes."""
+    data = json.loads((RESULTS / "variance_count12.json").read_text())
+    meta, t = data["meta"], PRE["task"]
+    assert meta["task"] == "count" and meta["temperature"] == t["temperature"] and meta["seed"] == 0
+    kept = [meta["count_targets"][p["prompt"]] for p in data["results"]["lm_head"]["256"]["prompts_kept"]]
+    assert set(kept) <= set(t["train_targets"])
+    cell = data["results"]["lm_head"][str(t["max_completion_length"])]
+    ratio = cell["paired"]["N=4/otb-grpo"]
+    assert ratio["ratio"] < 0.7 and ratio["ratio_ci"][1] < 1 and cell["mean_completion_tokens"] >= 128
+    assert (
+        f"{ratio['ratio']:.2f}" in PRE["precondition"]
+        and f"{cell['mean_completion_tokens']:.1f}" in PRE["precondition"]
+    )
+
+
+def test_preregistration_cost_is_the_plan_on_the_committed_measurement():
+    measured = json.loads((RESULTS / study.STEPS_FILE).read_text())
+    assert measured["meta"]["command"].startswith("python -m benchmarks.real_model_study --measure-steps")
+    assert measured["costs"] == analysis.measured_costs(measured, study.MEASURE["fidelity_rows"])
+    assert all(r["weights_moved"] > 0 for r in measured["runs"])  # the measured steps trained
+    plan = analysis.cost_plan(measured["costs"], PRE)
+    assert PRE["cost"]["plan"] == plan
+    assert plan["wall_hours_at_2_jobs"] <= PRE["cost"]["wall_hours_allowed"]
+
+
+@pytest.mark.slow
+def test_the_training_prompt_is_variance_pys_prompt(smollm2_dir):
+    """TRL gets the text variance.py sampled its pools from: the chat template with the prefix continued."""
+    from benchmarks.variance.sampling import setup
+
+    targets = PRE["task"]["train_targets"]
+    _, tok, prompts, reward = setup(False, len(targets), 0, "count", targets)
+    for i, (n, prompt) in enumerate(zip(targets, prompts)):
+        assert task.prompt_text(tok, n) == tok.apply_chat_template(
+            prompt, tokenize=False, add_generation_prompt=False, continue_final_message=True
+        )
+        texts = [" 4, 5, 6", " 4, 5, 7, 8", ""]
+        assert task.count_task_reward(texts, [n] * 3) == reward(None, texts, i)
