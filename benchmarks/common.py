@@ -228,3 +228,40 @@ def pyplot():
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def sample(model, enc, tokenizer, temperature: float, max_new_tokens: int, **kwargs):
+    """``model.generate`` on the encoded prompts ``enc``, sampling from the temperature-scaled distribution itself (no
+    top-k or top-p truncation, as TRL samples by default), padded with the tokenizer's pad token."""
+    return model.generate(
+        **enc,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        **kwargs,
+    )
+
+
+def train_measuring_movement(trainer, model) -> float:
+    """``trainer.train()``; returns how far it moved ``model``'s parameters (the sum over tensors of the norm of each
+    one's change), the precondition of every comparison that follows from a run."""
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    trainer.train()
+    return sum(float((p.detach() - b).norm()) for p, b in zip(params, before))
+
+
+def run_outcome(curve: list[dict], steps: list[dict], moved: float, tokens: int, cpu: float, wall: float) -> dict:
+    """The part of a training run's record that every study writes: the held-out curve, the logged steps, how far
+    the weights moved, the completion tokens, and the CPU and wall seconds since ``cpu`` and ``wall``."""
+    return {
+        "curve": curve,
+        "steps": steps,
+        "weights_moved": moved,
+        "tokens": tokens,
+        "cpu_seconds": time.process_time() - cpu,
+        "wall_seconds": time.perf_counter() - wall,
+    }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from benchmarks.common import pyplot, save_figure, tokens_to_target
 from benchmarks.training_study import auc, collapsed, paired_bootstrap, score_at, wilson
+from benchmarks.training_study.analysis import by_arm, paired_seeds
 
 
 def length_collapsed(run: dict) -> bool:
@@ -63,10 +64,7 @@ def summarise_cell(runs: list[dict], arms: list[str], budget: float, target: flo
     """Per arm: means, medians and collapse rate over seeds; per pair: the paired differences (module doc)."""
     metrics = {(r["arm"], r["seed"]): run_metrics(r, budget, target) for r in runs}
     out = {"arms": {}, "paired": {}}
-    for arm in arms:
-        mine = [m for (a, _), m in sorted(metrics.items()) if a == arm]
-        if not mine:
-            continue
+    for arm, mine in by_arm(metrics, arms).items():
         k = sum(m["collapsed"] for m in mine)
         out["arms"][arm] = {
             "runs": len(mine),
@@ -85,7 +83,7 @@ def summarise_cell(runs: list[dict], arms: list[str], budget: float, target: flo
             "cpu_seconds_total": sum(m["cpu_seconds"] for m in mine),
         }
     for arm, ref in PAIRS:
-        seeds = sorted(s for (a, s) in metrics if a == arm and (ref, s) in metrics)
+        seeds = paired_seeds(metrics, arm, ref)
         if not seeds:
             continue
         out["paired"][f"{arm}-{ref}"] = {}

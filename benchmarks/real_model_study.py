@@ -36,9 +36,10 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks import real_model_analysis as analysis
-from benchmarks.common import CountingReward, command, step_clock, write_json
+from benchmarks.common import CountingReward, command, run_outcome, step_clock, train_measuring_movement, write_json
 from benchmarks.real_model_task import count_task_reward, dataset, evaluate, initial_score, load_policy
 from benchmarks.training_study import run_path, score_at
+from benchmarks.training_study.runs import STEP_KEYS as STUDY_STEP_KEYS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -209,17 +210,7 @@ MEASURE = {"steps": 3, "seed": 1000, "learning_rate": 1e-5, "fidelity_rows": 1}
 # One run
 # ----------------------------------------------------------------------------------------------------------------
 
-STEP_KEYS = (
-    "step",
-    "loss",
-    "grad_norm",
-    "reward",
-    "reward_std",
-    "entropy",
-    "frac_reward_zero_std",
-    "otb/advantage_std",
-)
-STEP_KEYS += tuple(f"completions/{k}" for k in ("mean_length", "min_length", "max_length", "clipped_ratio"))
+STEP_KEYS = (*STUDY_STEP_KEYS, "entropy", "completions/clipped_ratio")
 FIXED = dict(lr_scheduler_type="constant", use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1)
 FIXED |= dict(report_to="none", save_strategy="no", disable_tqdm=True)
 CONFIG_KEYS = ("advantage_estimator", "num_generations", "scale_rewards", "otb_tail", "otb_leave_one_out")
@@ -290,10 +281,8 @@ def run_one(job: dict) -> dict:
         callbacks=[clock, Schedule()],  # the clock first: a step's time leaves its evaluation out
     )
     trainer.remove_callback(PrinterCallback)
-    before = [p.detach().clone() for p in model.parameters()]
     cpu, wall = time.process_time(), time.perf_counter()
-    trainer.train()
-    moved = sum(float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before))
+    moved = train_measuring_movement(trainer, model)
     logs = [e for e in trainer.state.log_history if "loss" in e and "train_runtime" not in e]
     steps = [
         {k: v for k, v in entry.items() if k in STEP_KEYS or k.startswith("otb/fidelity/")}
@@ -305,12 +294,7 @@ def run_one(job: dict) -> dict:
         "config": {k: getattr(config, k) for k in CONFIG_KEYS},
         "otb_defaults": otb_defaults(),
         "commit": _commit(),
-        "curve": curve,
-        "steps": steps,
-        "weights_moved": moved,
-        "tokens": counted.tokens,
-        "cpu_seconds": time.process_time() - cpu,
-        "wall_seconds": time.perf_counter() - wall,
+        **run_outcome(curve, steps, moved, counted.tokens, cpu, wall),
     }
 
 

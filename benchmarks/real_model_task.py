@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import write_json
+from benchmarks.common import sample, write_json
 from benchmarks.variance.sampling import COUNT_PREFIX, count_reward
 
 
@@ -72,15 +72,7 @@ def held_out_scores(model, tok, targets, seed: int, samples: int, horizon: int, 
     enc = tok([prompt_text(tok, n) for n in ns], return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(30_000 + seed)
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=horizon,
-            pad_token_id=tok.pad_token_id,
-        )
+        out = sample(model, enc, tok, temperature, horizon)
     texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     model.train(was_training)
     return [count_reward(COUNT_PREFIX + t, n) for t, n in zip(texts, ns)]

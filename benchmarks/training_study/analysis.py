@@ -82,14 +82,22 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
+def by_arm(metrics: dict, arms: list[str]) -> dict[str, list[dict]]:
+    """``metrics`` keyed by (arm, seed) -> each of ``arms`` that has runs: its metrics in seed order."""
+    grouped = {arm: [m for (a, _), m in sorted(metrics.items()) if a == arm] for arm in arms}
+    return {arm: mine for arm, mine in grouped.items() if mine}
+
+
+def paired_seeds(metrics: dict, arm: str, ref: str) -> list[int]:
+    """The seeds where both ``arm`` and ``ref`` finished (``metrics`` keyed by (arm, seed))."""
+    return sorted(s for (a, s) in metrics if a == arm and (ref, s) in metrics)
+
+
 def summarise_cell(runs: list[dict], cell: dict, arms: list[str]) -> dict:
     """Per arm: medians and means over seeds, collapse rate; per other arm: OTB's paired differences."""
     metrics = {(r["arm"], r["seed"]): run_metrics(r, cell) for r in runs}
     out = {"arms": {}, "paired": {}}
-    for arm in arms:
-        mine = [m for (a, _), m in sorted(metrics.items()) if a == arm]
-        if not mine:
-            continue
+    for arm, mine in by_arm(metrics, arms).items():
         k = sum(m["collapsed"] for m in mine)
         out["arms"][arm] = {
             "runs": len(mine),
@@ -109,7 +117,7 @@ def summarise_cell(runs: list[dict], cell: dict, arms: list[str]) -> dict:
     for arm in arms:
         if arm == "otb_N4":
             continue
-        seeds = sorted(s for (a, s) in metrics if a == arm and ("otb_N4", s) in metrics)
+        seeds = paired_seeds(metrics, "otb_N4", arm)
         if not seeds:
             continue
         out["paired"][f"otb_N4-{arm}"] = {

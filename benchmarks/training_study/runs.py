@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 
-from benchmarks.common import CountingReward, write_json
+from benchmarks.common import CountingReward, run_outcome, train_measuring_movement, write_json
 from benchmarks.training_study.preregistration import PREREGISTRATION
 
 
@@ -108,10 +108,8 @@ def run_one(job: dict) -> dict:
         **extra,
     )
     trainer.remove_callback(PrinterCallback)
-    before = [p.detach().clone() for p in model.parameters()]
     cpu, wall = time.process_time(), time.perf_counter()
-    trainer.train()
-    moved = sum(float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before))
+    moved = train_measuring_movement(trainer, model)
     steps = [
         {k: entry.get(k) for k in (STEP_KEYS2 if second else STEP_KEYS)}
         for entry in trainer.state.log_history
@@ -121,12 +119,7 @@ def run_one(job: dict) -> dict:
         "cell": job["cell"],
         "arm": job["arm"],
         "seed": seed,
-        "curve": curve,
-        "steps": steps,
-        "weights_moved": moved,
-        "tokens": counted.tokens,
-        "cpu_seconds": time.process_time() - cpu,
-        "wall_seconds": time.perf_counter() - wall,
+        **run_outcome(curve, steps, moved, counted.tokens, cpu, wall),
     }
     if second:
         record.update(

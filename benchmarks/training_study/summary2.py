@@ -10,7 +10,14 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import write_json
-from benchmarks.training_study.analysis import paired_bootstrap, plot, run_metrics, score_at, summarise_cell
+from benchmarks.training_study.analysis import (
+    paired_bootstrap,
+    paired_seeds,
+    plot,
+    run_metrics,
+    score_at,
+    summarise_cell,
+)
 from benchmarks.training_study.preregistration2 import (
     CANDIDATES,
     LEARNING_RATES_FILE,
@@ -94,7 +101,7 @@ def summarise_cell2(runs: list[dict], cell: dict, arms: list[str], references: l
         )
     for ref in references:
         for arm in arms:
-            seeds = sorted(s for (a, s) in metrics if a == arm and (ref, s) in metrics)
+            seeds = paired_seeds(metrics, arm, ref)
             if arm == ref or not seeds:
                 continue
             out["paired"][f"{arm}-{ref}"] = {

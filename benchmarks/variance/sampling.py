@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import sample
 from trl_otb import sum_pi_squared
 
 COUNT_PREFIX = "1, 2, 3,"
@@ -154,17 +155,7 @@ def sample_pool(model, tokenizer, prompts, pool_size, horizon, batch_size, tempe
         for start in range(0, pool_size, batch_size):
             n = min(batch_size, pool_size - start)
             with torch.no_grad():
-                out = model.generate(
-                    **enc,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_k=0,
-                    top_p=1.0,
-                    max_new_tokens=horizon,
-                    num_return_sequences=n,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=eos,
-                )
+                out = sample(model, enc, tokenizer, temperature, horizon, num_return_sequences=n, eos_token_id=eos)
             comp = out[:, enc["input_ids"].shape[1] :]
             # TRL's completion mask: every token up to and including the first EOS.
             is_eos = comp == eos
