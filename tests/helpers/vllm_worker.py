@@ -25,6 +25,7 @@ A process of its own because a colocated engine leaves torch.distributed initial
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ os.environ.update(vllm_cpu.CPU_ENV)
 # Narrow clip bounds, so that the bfloat16 engine (TRL's colocate LLM(...) passes no dtype, and vLLM runs fp32 models
 # in bf16 on CPU) against the fp32 trainer gives ratios both inside and outside them: every branch of each mode runs.
 CLIP = {"token": (0.99, 1.01), "sequence": (0.97, 1.03)}
+BOUNDARY = 1e-5
+"""How close (relative) to a clip bound an unclipped ratio must lie for TRL's fp32 masking decision to differ."""
 
 
 def build_trainer(spec):
@@ -143,6 +146,17 @@ def instrument(trainer, reward, spec, records, initial):
             clip_min, clip_max = CLIP[spec["is_mode"].split("_")[0]]
             ratio = independent_ratio(torch.log(p_token), sampling, mask, spec["is_mode"], clip_min, clip_max)
             trl_ratio = batch["importance_sampling_ratio"].double()
+            # A masked mode drops a ratio outside [clip_min, clip_max]: where the unclipped ratio lies within rounding
+            # of a bound, TRL's fp32 and this fp64 recomputation may decide it differently. Such a token follows
+            # TRL's decision (its drop changes the group's energies); a differing decision anywhere else is an error.
+            flips = ((ratio > 0) != (trl_ratio > 0)) & (mask.bool() if ratio.size(1) > 1 else True)
+            if flips.any():
+                level = spec["is_mode"].split("_")[0]
+                unclipped = independent_ratio(torch.log(p_token), sampling, mask, f"{level}_truncate", 0.0, math.inf)
+                margin = torch.minimum((unclipped / clip_min - 1).abs(), (unclipped / clip_max - 1).abs())
+                record["mask_flips"] = int(flips.sum())
+                record["mask_flips_off_boundary"] = int((flips & (margin > BOUNDARY)).sum())
+                ratio = torch.where(flips, trl_ratio, ratio)
             record["ratio_err"] = (trl_ratio - ratio).abs().max().item()
             on = ratio.expand_as(mask)[mask.bool()] if ratio.size(1) > 1 else ratio[:, 0]
             record["ratio_inside"] = int(((on > clip_min) & (on < clip_max)).sum())
