@@ -33,7 +33,7 @@ from benchmarks.report.cost import (
     speed_table,
 )
 from benchmarks.report.fallbacks import fallbacks_bias, fallbacks_calibration, fallbacks_overview, fallbacks_table
-from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_readme_table
+from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_offset, study2_readme_table
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
@@ -107,6 +107,7 @@ BLOCKS = {
     "study2-cell": _from_cell(study2_cell_table),
     "study2-decision": study2_decision,
     "study2-readme": study2_readme_table,
+    "study2-offset": study2_offset,
     "real-model-steps": real_model_steps,
 }
 

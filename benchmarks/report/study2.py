@@ -104,3 +104,23 @@ def study2_readme_table(ctx: Context) -> str:
         collapses = " / ".join(_collapses(arms[a]) if a in arms else "-" for a in (chosen, "grpo_N4", "otb_ref"))
         rows.append([cell, str(auc["seeds"]) if auc else "0", _auc_diff(auc), collapses])
     return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows)) + f"\n\n({ctx.link(STUDY2)})"
+
+
+def study2_offset(ctx: Context) -> str:
+    """The law checked end to end in training: per arm, its long_offset runs (every training reward minus 0.5) that
+    equal its long runs bit for bit (held-out curve, tokens, every logged step value but the reward, parameter
+    movement), out of those run."""
+    data = ctx.load(STUDY2)
+    per_arm: dict[str, list[dict]] = {}
+    for key, check in data["offset_check"].items():
+        per_arm.setdefault(key.rsplit("-s", 1)[0], []).append(check)
+    header = ["arm", "offset-invariant by design", "long_offset runs equal to their long run"]
+    rows = [
+        [
+            ARM_LABELS2[arm],
+            "yes" if checks[0]["invariant"] else "no",
+            f"{sum(c['equal'] for c in checks)}/{len(checks)}",
+        ]
+        for arm, checks in sorted(per_arm.items(), key=lambda kv: list(ARM_LABELS2).index(kv[0]))
+    ]
+    return "\n".join(markdown_table(header, ["---", "---", "---:"], rows)) + f"\n\n({ctx.link(STUDY2)})"

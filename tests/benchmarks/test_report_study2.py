@@ -43,3 +43,17 @@ def test_study2_readme_table_and_decision_before_and_after_the_study(tmp_path):
     assert [r.split(" | ")[0].strip("| ") for r in rows] == ["long", "long_right", "short", "long_high_lr"]
     assert all("-0.010 (-0.030 to +0.020) |" in r and "**" not in r for r in rows)
     assert "`otb_tail='zero_advantage'`" in study2.study2_decision(ctx)
+
+
+def test_study2_offset_table_counts_equal_runs_per_arm(tmp_path):
+    checks = {
+        "grpo_N4-s0": {"invariant": True, "equal": True},
+        "grpo_N4-s1": {"invariant": True, "equal": True},
+        "otb_ref-s0": {"invariant": False, "equal": False},
+    }
+    (tmp_path / f"{study2.STUDY2}.json").write_text(json.dumps({"offset_check": checks}))
+    rows = study2.study2_offset(Context(results=tmp_path)).split("\n\n")[0].splitlines()[2:]
+    assert rows == [
+        "| OTB, reference tail (`zero`) | no | 0/1 |",
+        "| GRPO (TRL's default, std-scaled) | yes | 2/2 |",
+    ]
