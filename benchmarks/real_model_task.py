@@ -1,9 +1,9 @@
-"""The real-model study's task (benchmarks/real_model_study.py): variance.py's count task as a training task on the
-embedded SmolLM2-135M-Instruct, with held-out prompts scored by the same reward.
+"""The real-model study's task (benchmarks/real_model_study.py): the count task of benchmarks.variance as a training
+task on the embedded SmolLM2-135M-Instruct, with held-out prompts scored by the same reward.
 
 "List the numbers from 1 to n, separated by commas.", the assistant turn started as ``COUNT_PREFIX`` ("1, 2, 3,"):
-the chat template is rendered here with ``continue_final_message`` (as variance.py samples its pools) and TRL gets
-the text, since TRL would add a generation prompt after a final assistant message. The reward is
+the chat template is rendered here with ``continue_final_message`` (as benchmarks.variance samples its pools) and
+TRL gets the text, since TRL would add a generation prompt after a final assistant message. The reward is
 ``count_reward(COUNT_PREFIX + completion, n)``.
 """
 
@@ -37,7 +37,8 @@ def load_policy(name: str = "embedded"):
 
 
 def prompt_text(tok, n: int) -> str:
-    """The count prompt for ``n``, rendered as variance.py renders it (the assistant turn started by the prefix)."""
+    """The count prompt for ``n``, rendered as benchmarks.variance renders it (the assistant turn started by the
+    prefix)."""
     messages = [
         {"role": "user", "content": f"List the numbers from 1 to {n}, separated by commas."},
         {"role": "assistant", "content": COUNT_PREFIX},

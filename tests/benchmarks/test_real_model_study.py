@@ -206,7 +206,7 @@ def test_preregistration_cost_is_the_plan_on_the_committed_measurement():
 
 @pytest.mark.slow
 def test_the_training_prompt_is_variance_pys_prompt(smollm2_dir):
-    """TRL gets the text variance.py sampled its pools from: the chat template with the prefix continued."""
+    """TRL gets the text benchmarks.variance sampled its pools from: the chat template with the prefix continued."""
     from benchmarks.variance.sampling import setup
 
     targets = PRE["task"]["train_targets"]
