@@ -37,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import real_model_analysis as analysis
 from benchmarks.common import CountingReward, command, run_outcome, step_clock, train_measuring_movement, write_json
-from benchmarks.real_model_task import count_task_reward, dataset, evaluate, initial_score, load_policy
+from benchmarks.real_model_task import count_task_reward, dataset, evaluate, group_signal, initial_score, load_policy
 from benchmarks.training_study import run_path, score_at
 from benchmarks.training_study.runs import STEP_KEYS as STUDY_STEP_KEYS
 
@@ -480,6 +480,7 @@ def parse_args(argv=None):
     parser.add_argument("--plan", action="store_true", help="the runs and their CPU time, from the measured steps")
     parser.add_argument("--measure-steps", action="store_true", help="time a few real steps of each arm")
     parser.add_argument("--variance-check", action="store_true", help="the variance benchmark here (15 CPU min)")
+    parser.add_argument("--group-signal", action="store_true", help="tied groups by horizon, from the count pools")
     parser.add_argument("--arms", nargs="+", default=None, choices=list(PREREGISTRATION["arms"]))
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the pre-registered seeds")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
@@ -525,6 +526,9 @@ def main(argv=None):
         cmd += ["--threads", str(args.threads), "--out", str(args.out)]
         print(" ".join(cmd), flush=True)
         return subprocess.run(cmd, check=True)
+    if args.group_signal:
+        data = {"meta": {"command": command("real_model_study.py")}, "horizons": group_signal(Path(".cache/variance"))}
+        return write_json(Path(args.out) / f"{FOLDER}_group_signal.json", data) or print(json.dumps(data, indent=1))
     if args.plan:
         measured = json.loads((Path(args.out) / STEPS_FILE).read_text())["costs"]
         plan = analysis.cost_plan(measured, PREREGISTRATION, jobs=args.jobs)

@@ -37,6 +37,7 @@ from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
+    real_model_signal,
     real_model_steps,
     study_arms_table,
     study_paired_table,
@@ -109,6 +110,7 @@ BLOCKS = {
     "study2-readme": study2_readme_table,
     "study2-offset": study2_offset,
     "real-model-steps": real_model_steps,
+    "real-model-signal": real_model_signal,
 }
 
 

@@ -250,3 +250,14 @@ def real_model_steps(ctx: Context, stem: str) -> str:
     from benchmarks.real_model_study import PREREGISTRATION
 
     return steps_table(ctx.load(stem), PREREGISTRATION) + f"\n\n({ctx.link(stem)})"
+
+
+def real_model_signal(ctx: Context, stem: str) -> str:
+    """How often a group of 4 carries no signal in the real-model cell, by horizon (from the cached count pools)."""
+    data = ctx.load(stem)
+    header = ["completion tokens", "groups of 4 whose rewards tie", "mean within-group reward std", "mean length"]
+    rows = [
+        [h, f"{v['tied_share']:.2f}", f"{v['reward_std_mean']:.3f}", f"{v['mean_length']:.0f}"]
+        for h, v in data["horizons"].items()
+    ]
+    return "\n".join(markdown_table(header, ["---:"] * 4, rows)) + f"\n\n({ctx.link(stem)})"

@@ -217,3 +217,22 @@ def test_the_training_prompt_is_variance_pys_prompt(smollm2_dir):
         )
         texts = [" 4, 5, 6", " 4, 5, 7, 8", ""]
         assert task.count_task_reward(texts, [n] * 3) == reward(None, texts, i)
+
+
+def test_group_signal_counts_tied_groups_at_each_horizon(tmp_path):
+    """Two prompts' pools of byte-token completions: one whose members all count on correctly (every group ties at
+    any horizon), one whose members err at different numbers (alike in their first 2 bytes, all different whole)."""
+    import torch
+
+    from benchmarks.real_model_task import group_signal
+
+    right = " 4, 5, 6, 7, 8, 9, 10"
+    wrong = ["".join(f" {x}," for x in range(4, 5 + k)) + " 99" for k in range(4)]  # counted to 4, 5, 6 or 7
+    for i, (n, texts) in enumerate([(10, [right] * 4), (10, wrong)]):
+        records = [{"ids": torch.tensor(list(t.encode()))} for t in texts]
+        prompt = [{"role": "user", "content": f"List the numbers from 1 to {n}, separated by commas."}]
+        torch.save({"records": records, "prompt": prompt}, tmp_path / f"count-M12-h1024-T0.7-k64-s0-p{i:03d}.pt")
+    out = group_signal(tmp_path, horizons=(2, 24), draws=5, decode=lambda ids: bytes(ids.tolist()).decode())
+    assert out["2"]["tied_share"] == 1.0 and out["2"]["reward_std_mean"] == 0.0  # cut before any difference
+    assert out["24"]["tied_share"] == 0.5 and out["24"]["reward_std_mean"] > 0  # the erring prompt's groups differ
+    assert out["24"]["prompts"] == 2 and out["24"]["groups"] == 10
