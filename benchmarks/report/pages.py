@@ -33,7 +33,13 @@ from benchmarks.report.cost import (
     speed_table,
 )
 from benchmarks.report.fallbacks import fallbacks_bias, fallbacks_calibration, fallbacks_overview, fallbacks_table
-from benchmarks.report.study2 import study2_cell_table, study2_decision, study2_offset, study2_readme_table
+from benchmarks.report.study2 import (
+    study2_cell_table,
+    study2_decided,
+    study2_decision,
+    study2_offset,
+    study2_readme_table,
+)
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
@@ -63,14 +69,22 @@ NOT_MEASURED = {"README.md": {"2602.07078": "the paper's arXiv id", "3.7": "the 
 
 
 def readme_verdict(ctx: Context) -> str:
-    """The README's summary: variance against GRPO and OGB, the training run, the step's cost."""
+    """The README's summary: variance against GRPO and OGB, the step's cost, and training: once the second study has
+    decided, its short table (the default OTB against TRL's GRPO per cell); until then, the first study's sentence."""
     on, _, _, vllm_nois = (overhead_ratio(ctx, stem, name) for stem, name, _ in OVERHEAD)
-    return (
+    head = (
         f"**What the measurements say** (on CPU; the verdict and what was not measured: "
-        f"[docs/benchmarks.md]({ctx.to_root}docs/benchmarks.md#should-i-use-otb)): {variance_sentence(ctx)}; "
-        f"{study_readme_sentence(ctx)}; a training step costs {on} GRPO's CPU time "
-        f"({vllm_nois} with vLLM and TRL's importance-sampling correction off)."
+        f"[docs/benchmarks.md]({ctx.to_root}docs/benchmarks.md#should-i-use-otb)): {variance_sentence(ctx)}"
     )
+    cost = f"a training step costs {on} GRPO's CPU time ({vllm_nois} with vLLM and TRL's importance-sampling "
+    cost += "correction off)"
+    if study2_decided(ctx):
+        return (
+            f"{head}; {cost}. Training, in the second pre-registered study (a 2-layer model warm-started on CPU, "
+            "each arm at its own learning rate, paired seeds, equal completion tokens; auc is the mean held-out score "
+            f"over the budget), the default OTB against TRL's default GRPO:\n\n{study2_readme_table(ctx)}"
+        )
+    return f"{head}; {study_readme_sentence(ctx)}; {cost}."
 
 
 def _from_cell(fn):

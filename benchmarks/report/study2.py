@@ -70,6 +70,11 @@ def study2_cell_table(data, cell: str) -> str:
     return "\n".join(markdown_table(header, ["---", *["---:"] * (len(header) - 1)], rows))
 
 
+def study2_decided(ctx: Context) -> bool:
+    """Whether the second study's summary exists and its decision rule has run (long and long_right finished)."""
+    return (ctx.results / f"{STUDY2}.json").exists() and bool(ctx.load(STUDY2).get("decision"))
+
+
 def study2_decision(ctx: Context) -> str:
     """The pre-registered decision rule's outcome: each candidate's reason, the chosen default and its settings."""
     data = ctx.load(STUDY2)
