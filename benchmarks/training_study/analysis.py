@@ -156,6 +156,34 @@ def plot(runs: dict, cells: dict, path: Path, arms=None) -> None:
     save_figure(fig, path)
 
 
+STEP_PANELS = {
+    "completions/mean_length": "mean completion length",
+    "grad_norm": "gradient norm (before clipping)",
+    "study/lone_token_frac": "share of tokens with a fallback baseline",
+}
+
+
+def plot_steps(runs: dict, cells: list[str], path: Path, arms: list[str]) -> None:
+    """Per cell (rows) and per logged quantity (columns, ``STEP_PANELS``): each arm's median over its seeds at each
+    training step (seeds' steps are cut to the shortest run of the arm)."""
+    shown = [c for c in cells if runs.get(c)]
+    if not shown:
+        return
+    fig, axes = pyplot().subplots(len(shown), len(STEP_PANELS), figsize=(15, 3.2 * len(shown)), squeeze=False)
+    for row, cell in zip(axes, shown):
+        for ax, (key, label) in zip(row, STEP_PANELS.items()):
+            for i, arm in enumerate(arms):
+                series = [[s.get(key) for s in r["steps"]] for r in runs[cell] if r["arm"] == arm]
+                if not series:
+                    continue
+                steps = min(len(x) for x in series)
+                values = [[x[t] for x in series if x[t] is not None] for t in range(steps)]
+                ax.plot([statistics.median(v) if v else float("nan") for v in values], color=f"C{i % 10}", label=arm)
+            ax.set(title=f"{cell}: {label}", xlabel="step")
+        row[0].legend(fontsize=6)
+    save_figure(fig, path)
+
+
 def print_cells(summary: dict, width: int, arm_line, pair_line) -> None:
     """Print a summary cell by cell, each line led by the cell's name padded to ``width``: ``arm_line(arm, stats)``
     for each arm, then ``pair_line(pair, metrics)`` for each paired comparison (one whose line is None is left out)."""

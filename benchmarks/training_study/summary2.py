@@ -14,6 +14,7 @@ from benchmarks.training_study.analysis import (
     paired_bootstrap,
     paired_seeds,
     plot,
+    plot_steps,
     run_metrics,
     score_at,
     summarise_cell,
@@ -208,6 +209,8 @@ def summarise2(out: Path, cells: dict, meta: dict, rates: dict) -> dict:
     write_json(Path(out) / f"{stem}.json", summary)
     try:
         plot(runs, {c: dict(s, learning_rate=None) for c, s in cells.items()}, Path(out) / f"{stem}.png", arms)
+        if not pilot:
+            plot_steps(runs, list(cells), Path(out) / f"{stem}_steps.png", arms)
     except ImportError as error:
         print(error)
     return summary

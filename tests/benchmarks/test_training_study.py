@@ -437,6 +437,7 @@ def test_study2_quick_mode_trains_every_arm_and_the_long_right_task_and_resumes(
     assert all(a["final_se_median"] >= 0 for a in long["arms"].values())
     assert summary["decision"]["arm"] != "otb_ref"
     assert summary["meta"]["command"].startswith("python -m benchmarks.training_study --study 2 --quick")
+    assert (out / "training_study2_quick_steps.png").stat().st_size > 0  # per step: lengths, grad norms, fallbacks
     again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "0 runs to do" in again.stdout  # every finished run is kept, none is run twice
 
