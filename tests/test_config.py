@@ -15,7 +15,9 @@ CPU = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none", per_
 def test_defaults_are_otb_with_four_generations_and_raw_advantages():
     args = OTBConfig(**CPU)
     assert (args.advantage_estimator, args.otb_proxy, args.num_generations) == ("otb", "logit", 4)
-    assert args.scale_rewards == "none" and args.otb_tail == "zero" and args.otb_epsilon == 1e-8
+    assert args.scale_rewards == "none" and args.otb_epsilon == 1e-8
+    # the second training study's decision (benchmarks/results/training_study2.json), a shift-invariant tail
+    assert (args.otb_tail, args.otb_leave_one_out) == ("zero_advantage", False)
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def test_trainer_advantages_equal_contract_on_independent_inputs(
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
     mask = batch["completion_mask"]
     group_ids = torch.arange(len(rewards)) // N
-    expected = otb_advantages(rewards, proxy.float(), mask, group_ids)
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids, tail=trainer.args.otb_tail)
     assert batch["advantages"].shape == batch["completion_ids"].shape
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
     assert (batch["advantages"][mask == 0] == 0).all()
@@ -124,7 +124,9 @@ def test_unscorable_rows_are_excluded_from_their_group(tiny_model_dir, tmp_path)
     assert (batch["advantages"][0] == 0).all() and (batch["advantages"][5] == 0).all()
     _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
     rewards = torch.tensor([math.nan if r is None else r for r in reward.calls[-1]])
-    expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N)
+    expected = otb_advantages(
+        rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N, tail=trainer.args.otb_tail
+    )
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
 
 
@@ -159,7 +161,7 @@ def test_infinite_rewards_are_unscorable_warned_and_counted(tiny_model_dir, tmp_
     mask = batch["completion_mask"]
     if estimator == "otb":
         _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
-        expected = otb_advantages(rewards, proxy.float(), mask, torch.arange(8) // N)
+        expected = otb_advantages(rewards, proxy.float(), mask, torch.arange(8) // N, tail=trainer.args.otb_tail)
     else:
         expected = grpo_advantages(rewards, torch.ones(mask.shape), mask, torch.arange(8) // N, scale="none")
     assert torch.allclose(advantages, expected, atol=1e-5)
@@ -192,7 +194,9 @@ def test_two_trainers_on_one_model(tiny_model_dir, tmp_path):
     batch = second._generate_and_score_completions(generation_inputs())
     _, _, proxy = independent_rollout_stats(second.model, batch, second.temperature)
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
-    expected = otb_advantages(rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N)
+    expected = otb_advantages(
+        rewards, proxy.float(), batch["completion_mask"], torch.arange(8) // N, tail=second.args.otb_tail
+    )
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
 
 
@@ -290,16 +294,18 @@ def test_extreme_logits_give_a_finite_proxy_and_loss(tiny_model_dir, tmp_path):
 
 def test_trainer_leave_one_out_equals_contract(tiny_model_dir, tmp_path):
     reward = RecordingReward()
-    args = make_args(tmp_path, otb_leave_one_out=True)
+    args = make_args(tmp_path, otb_leave_one_out=True, otb_tail="zero")  # the reference: A = R where alone
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=reward, args=args, train_dataset=prompts_dataset())
     batch = trainer._generate_and_score_completions(generation_inputs())
     _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
     mask = batch["completion_mask"]
     group_ids = torch.arange(len(rewards)) // N
-    expected = otb_advantages(rewards, proxy.float(), mask, group_ids, leave_one_out=True)
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids, leave_one_out=True, tail=trainer.args.otb_tail)
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
-    assert not torch.allclose(expected, otb_advantages(rewards, proxy.float(), mask, group_ids), atol=1e-4)
+    assert not torch.allclose(
+        expected, otb_advantages(rewards, proxy.float(), mask, group_ids, tail=trainer.args.otb_tail), atol=1e-4
+    )
     # Where a member is the only active one of its group, its advantage is its reward.
     active = mask.view(-1, N, mask.size(1)).sum(dim=1).repeat_interleave(N, dim=0)
     alone = (active == 1) & mask.bool()
@@ -426,9 +432,11 @@ def _advantages_under_offsets(trainer, reward, offsets):
 @pytest.mark.parametrize(
     "options",
     [
+        {},  # OTBConfig's defaults: the law holds for what a user gets without choosing
         *[{"otb_tail": tail} for tail in SHIFT_INVARIANT_TAILS],
         *[{"otb_tail": tail, "otb_leave_one_out": True} for tail in SHIFT_INVARIANT_TAILS],
     ],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()) or "defaults",
 )
 def test_a_reward_offset_changes_no_advantage(tiny_model_dir, tmp_path, options):
     """Through OTBTrainer: adding a constant to every reward leaves every token's advantage bit for bit unchanged."""
@@ -436,6 +444,7 @@ def test_a_reward_offset_changes_no_advantage(tiny_model_dir, tmp_path, options)
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=reward, args=make_args(tmp_path, **options), train_dataset=prompts_dataset()
     )
+    assert trainer.args.advantage_estimator == "otb", "precondition failed: not OTB"
     (ids, mask, base), *shifted = _advantages_under_offsets(trainer, reward, [0.0, 0.5, -1000.0])
     assert base.abs().max() > 0, "precondition failed: the batch has no signal"
     assert _has_lone_tail(mask), "precondition failed: no group has a member alone at its tail"

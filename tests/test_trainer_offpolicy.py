@@ -116,8 +116,8 @@ def test_importance_ratios_weight_the_energy_as_rho_squared(tiny_model_dir, tmp_
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
     group_ids = torch.arange(len(rewards)) // N
     active = mask * (ratio > 0).to(mask.dtype)  # masked tokens or sequences drop out of their groups
-    expected = otb_advantages(rewards, proxy.float(), active, group_ids, is_weights=ratio)
-    on_policy = otb_advantages(rewards, proxy.float(), active, group_ids)
+    expected = otb_advantages(rewards, proxy.float(), active, group_ids, is_weights=ratio, tail=trainer.args.otb_tail)
+    on_policy = otb_advantages(rewards, proxy.float(), active, group_ids, tail=trainer.args.otb_tail)
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
     assert (batch["advantages"] - on_policy).abs().max() > 1e-4
     assert (batch["advantages"][active == 0] == 0).all()
@@ -149,14 +149,14 @@ def test_without_trl_correction_a_rollout_func_gives_no_ratio_and_on_policy_otb(
     mask = batch["completion_mask"]
     rewards = torch.tensor(reward.calls[-1], dtype=torch.float32)
     group_ids = torch.arange(len(rewards)) // N
-    expected = otb_advantages(rewards, proxy.float(), mask, group_ids)
+    expected = otb_advantages(rewards, proxy.float(), mask, group_ids, tail=trainer.args.otb_tail)
     # Precondition: the batch is off-policy enough that OTB with the ratio TRL would have formed gives other
     # advantages, so that matching the on-policy ones shows no ratio was used.
     sampling = torch.zeros(mask.shape, dtype=torch.float64)
     for i, row in enumerate(behaviour.logprobs):
         sampling[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
     ratio = independent_ratio(torch.log(p_token), sampling, mask, "token_truncate", *CLIP["token"]).float()
-    with_ratio = otb_advantages(rewards, proxy.float(), mask, group_ids, is_weights=ratio)
+    with_ratio = otb_advantages(rewards, proxy.float(), mask, group_ids, is_weights=ratio, tail=trainer.args.otb_tail)
     gap = (with_ratio - expected).abs().max().item()
     assert gap > 1e-4, f"precondition failed: a ratio would change the advantages by only {gap:.3g}"
     assert "sampling_per_token_logps" in batch and "importance_sampling_ratio" not in batch

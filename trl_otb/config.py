@@ -39,7 +39,7 @@ class OTBConfig(GRPOConfig):
             pass. `"uniform"`: w_t = 1 (the paper's uniform ablation; no extra statistics needed).
         otb_epsilon (`float`, *optional*, defaults to `1e-8`):
             Added to the baseline's denominator sum_i W_t^(i).
-        otb_tail (`str`, *optional*, defaults to `"zero"`):
+        otb_tail (`str`, *optional*, defaults to `"zero_advantage"`):
             The baseline where a group cannot estimate one: a token where its completion is the only one of the
             group still active (the tail of a strictly-longest completion, a group with one valid completion, and
             with `otb_leave_one_out` any token no other completion shares). Offset-dependent (A = R where the
@@ -49,8 +49,11 @@ class OTBConfig(GRPOConfig):
             group whose rewards tie gets advantage 0 exactly): `"group_mean"` (the group's mean reward),
             `"sequence_baseline"` (the group's energy-weighted sequence-level baseline, OGB's),
             `"last_baseline"` (the last baseline two or more completions shared), `"zero_advantage"` (no
-            update there). The default stays the reference until the training study (docs/benchmarks.md)
-            chooses among the shift-invariant ones; docs/options.md compares them.
+            update there). The default, `"zero_advantage"` (without leave-one-out or std scaling), was chosen by
+            the second training study's pre-registered rule (docs/benchmarks.md, "Should I use OTB?"): no
+            shift-invariant candidate trained at least as well as TRL's default GRPO on every task, so the rule
+            fell back to the candidate with the lowest gradient MSE at N=4 (docs/method.md says why; OTB did not
+            match GRPO in training). docs/options.md compares the values.
         otb_align (`str` or `None`, *optional*, defaults to `None`):
             `"position"` compares group members at the same completion index, `"valid"` at their k-th
             model-generated token. `None` picks `"valid"` when a tool mask is present, else `"position"`.
@@ -67,8 +70,8 @@ class OTBConfig(GRPOConfig):
             this (measured 0.91-0.93 on SmolLM2 full, LoRA and QLoRA; see docs/fidelity.md).
         num_generations (`int`, *optional*, defaults to `4`):
             Group size N. OTB needs N >= 2. The paper reports OTB at N=4 matching baselines at N=32; this
-            project's training study did not reproduce that at its scale: OTB at N=4 trained worse than TRL's GRPO
-            at N=4 and ended lower than GRPO at N=16 (docs/benchmarks.md, "Should I use OTB?").
+            project's two training studies did not reproduce that at their scale: no OTB at N=4 trained at least as
+            well as TRL's GRPO at N=4 on every task (docs/benchmarks.md, "Should I use OTB?").
         scale_rewards (`str` or `None`, *optional*, defaults to `None`):
             As in GRPOConfig (`"group"`, `"batch"`, `"none"`). `None` follows `advantage_estimator`: `"group"`,
             GRPOConfig's default, for `"grpo"` (TRL's GRPO as GRPOTrainer runs it); `"none"` for the others, whose
@@ -95,12 +98,12 @@ class OTBConfig(GRPOConfig):
         metadata={"help": "Added to the OTB baseline's denominator sum_i W_t m_t."},
     )
     otb_tail: str = field(
-        default="zero",
+        default="zero_advantage",
         metadata={
             "help": "Baseline where one completion alone is active in its group. Offset-dependent: 'zero' (the "
             "reference: baseline 0, A = R past the second-longest length), 'none' (the computed baseline). "
             "Shift-invariant (rewards centred per group; ties give 0): 'group_mean', 'sequence_baseline' (OGB's), "
-            "'last_baseline' (last shared one), 'zero_advantage'."
+            "'last_baseline' (last shared one), 'zero_advantage' (the default: A = 0 there)."
         },
     )
     otb_align: str | None = field(

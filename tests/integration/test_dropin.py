@@ -66,7 +66,9 @@ def test_environment_owned_rewards_train_with_otb_advantages(tiny_model_dir, tmp
     assert rewards.unique().numel() > 1
     _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
     mask = batch["completion_mask"] * batch.get("tool_mask", torch.ones_like(batch["completion_mask"]))
-    expected = otb_advantages(rewards, proxy.float(), mask, torch.zeros(N, dtype=torch.long), align="valid")
+    expected = otb_advantages(
+        rewards, proxy.float(), mask, torch.zeros(N, dtype=torch.long), align="valid", tail=trainer.args.otb_tail
+    )
     torch.testing.assert_close(batch["advantages"], expected, atol=1e-5, rtol=1e-5)
 
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -95,7 +97,15 @@ def test_works_when_trl_grpotrainer_is_aliased_to_otbtrainer(tiny_model_dir, tmp
 
 @pytest.mark.parametrize(
     "estimator,options",
-    [("otb", {}), ("otb", {"otb_tail": "group_mean"}), ("rloo", {}), ("ogb", {}), ("opo", {}), ("grpo", {})],
+    [
+        ("otb", {}),
+        ("otb", {"otb_tail": "zero"}),
+        ("otb", {"otb_tail": "group_mean"}),
+        ("rloo", {}),
+        ("ogb", {}),
+        ("opo", {}),
+        ("grpo", {}),
+    ],
 )
 def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, estimator, options):
     args = make_args(
@@ -118,9 +128,10 @@ def test_evaluation_with_one_generation_per_prompt(tiny_model_dir, tmp_path, est
     mask = batch["completion_mask"].float()
     assert (rewards * mask).abs().sum() > 0, "precondition failed: no reward on any token, A = R = 0 says nothing"
     # Every completion is its own group. Under OTB's reference tail a singleton's baseline is 0 (otb_advantages'
-    # docstring), so A = R on its tokens; every other estimator and tail gives a singleton advantage 0 ('grpo' is TRL's
-    # group mean, R itself for a singleton).
-    reference = estimator == "otb" and not options
+    # docstring), so A = R on its tokens; every other estimator and tail (OTB's default among them) gives a singleton
+    # advantage 0 ('grpo' is TRL's group mean, R itself for a singleton).
+    reference = trainer.args.advantage_estimator == "otb" and trainer.args.otb_tail == "zero"
+    assert reference == (options == {"otb_tail": "zero"})
     expected = rewards * mask if reference else torch.zeros_like(mask)
     torch.testing.assert_close(batch["advantages"], expected)
     metrics = trainer.evaluate()

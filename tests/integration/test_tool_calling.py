@@ -120,8 +120,8 @@ def test_tool_masked_advantages_align_by_model_token(tool_batch):
     _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
     mask = batch["completion_mask"] * batch["tool_mask"]
     group_ids = torch.arange(len(rewards)) // N
-    valid = otb_advantages(rewards, proxy.float(), mask, group_ids, align="valid")
-    position = otb_advantages(rewards, proxy.float(), mask, group_ids, align="position")
+    valid = otb_advantages(rewards, proxy.float(), mask, group_ids, align="valid", tail=trainer.args.otb_tail)
+    position = otb_advantages(rewards, proxy.float(), mask, group_ids, align="position", tail=trainer.args.otb_tail)
     assert torch.allclose(batch["advantages"], valid, atol=1e-5)
     # The holes sit at different positions, so comparing members position by position gives other numbers.
     assert (batch["advantages"] - position).abs().max() > 1e-3
@@ -132,7 +132,9 @@ def test_otb_align_position_overrides_the_automatic_choice(tool_batch):
     trainer, batch, rewards = tool_batch
     _, _, proxy = independent_rollout_stats(trainer.model, batch, trainer.temperature)
     mask = batch["completion_mask"] * batch["tool_mask"]
-    expected = otb_advantages(rewards, proxy.float(), mask, torch.arange(len(rewards)) // N, align="position")
+    expected = otb_advantages(
+        rewards, proxy.float(), mask, torch.arange(len(rewards)) // N, align="position", tail=trainer.args.otb_tail
+    )
     # The same batch through the trainer's advantage step, with the option set.
     trainer.args.otb_align = "position"
     try:
