@@ -74,8 +74,9 @@ def test_readme_first_screen_has_the_summary_install_and_quick_start():
     assert "<!-- report: readme-verdict -->" in first and "**What the measurements say**" in first
     assert re.search(r"^pip install \.", markdown_section(readme, "## Install"), re.M)
     assert "```python" in markdown_section(readme, "## Quick start")
-    # Two quick starts (the Hub on a GPU; offline on CPU) take 16 lines more than one did.
-    assert len(first.splitlines()) <= 70, "the first screen (summary, install, quick start) grew past 70 lines"
+    # Two quick starts (the Hub on a GPU; offline on CPU) take 16 lines more than one did; the training study's
+    # table (4 cells) and its one-line verdict take 7 more than the sentence they replaced.
+    assert len(first.splitlines()) <= 80, "the first screen (summary, install, quick start) grew past 80 lines"
 
 
 def readme_quick_starts() -> list[str]:

@@ -79,10 +79,13 @@ def readme_verdict(ctx: Context) -> str:
     cost = f"a training step costs {on} GRPO's CPU time ({vllm_nois} with vLLM and TRL's importance-sampling "
     cost += "correction off)"
     if study2_decided(ctx):
+        statement = ctx.load("training_study2")["decision"].get("statement")
         return (
             f"{head}; {cost}. Training, in the second pre-registered study (a 2-layer model warm-started on CPU, "
             "each arm at its own learning rate, paired seeds, equal completion tokens; auc is the mean held-out score "
-            f"over the budget), the default OTB against TRL's default GRPO:\n\n{study2_readme_table(ctx)}"
+            "over the budget; `long`: a task where long answers are wrong, `long_right`: one where they are right, "
+            "`short`: copying, `long_high_lr`: `long` at three times each arm's own tuned rate), the default OTB "
+            f"against TRL's default GRPO:\n\n{study2_readme_table(ctx)}" + (f"\n\n{statement}" if statement else "")
         )
     return f"{head}; {study_readme_sentence(ctx)}; {cost}."
 

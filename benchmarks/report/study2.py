@@ -57,7 +57,7 @@ def study2_cell_table(data, cell: str) -> str:
         rows.append(
             [
                 ARM_LABELS2[arm],
-                f"{a['learning_rate']:.0e}" if a.get("learning_rate") else "-",
+                f"{a['learning_rate']:.2g}" if a.get("learning_rate") else "-",
                 str(a["runs"]),
                 f"{a['auc_mean']:.3f}",
                 f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})",

@@ -231,7 +231,7 @@ def main2(args) -> dict | None:
 def print_summary2(summary: dict) -> None:
     def arm_line(arm, a):
         return (
-            f"{arm:24s} runs {a['runs']:2d} lr {a['learning_rate'] or 0:.0e} auc {a['auc_mean']:.3f} "
+            f"{arm:24s} runs {a['runs']:2d} lr {a['learning_rate'] or 0:.2g} auc {a['auc_mean']:.3f} "
             f"final {a['final_mean']:.3f} (SE {a['final_se_median']:.3f}) collapse {a['collapse_rate']:.2f} "
             f"lone {a['lone_token_frac_median']:.3f}"
         )

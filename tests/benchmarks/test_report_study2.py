@@ -60,16 +60,18 @@ def test_study2_offset_table_counts_equal_runs_per_arm(tmp_path):
 
 
 def test_readme_verdict_shows_the_study2_table_once_the_decision_exists(tmp_path):
-    """Until the second study decides, the README keeps the first study's sentence; then its short table."""
+    """Until the second study decides, the README keeps the first study's sentence; then its short table, and the
+    decision rule's statement when it has one."""
     from benchmarks.report.pages import readme_verdict
     from benchmarks.report.tables import RESULTS
 
-    before = readme_verdict(Context())
-    assert "| cell |" not in before and "in a pre-registered training study" in before
-    for path in RESULTS.glob("*.json"):  # every committed result, then a study-2 summary with a decision
+    for path in RESULTS.glob("*.json"):  # every committed result, then a study-2 summary without or with a decision
         (tmp_path / path.name).symlink_to(path)
     (tmp_path / f"{study2.STUDY2}.json").unlink(missing_ok=True)
-    decision = {"arm": "otb_zero_advantage", "config": {}, "reasons": [], "statement": None}
+    before = readme_verdict(_finished(tmp_path, None))
+    assert "| cell |" not in before and "in a pre-registered training study" in before
+    decision = {"arm": "otb_zero_advantage", "config": {}, "reasons": [], "statement": "OTB did not match."}
     after = readme_verdict(_finished(tmp_path, decision))
     assert after.startswith(before.split(";")[0]) and "in a pre-registered training study" not in after
+    assert after.endswith("\n\nOTB did not match.")
     assert "| long_right | 10 | -0.010 (-0.030 to +0.020) |" in after
