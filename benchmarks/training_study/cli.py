@@ -9,8 +9,10 @@
     python -m benchmarks.training_study --pilot 2e-4 5e-4 1e-3 2e-3 --pilot-cell short    # were chosen
 
     python -m benchmarks.training_study --study 2 ...    # the second study (issue 26): study2.py
+    python -m benchmarks.training_study --study 3 ...    # the third (why study 2's candidates lost in long): study3.py
 
-The options of both studies; ``main`` hands ``--study 2`` to study2.py and the first study to study1.py.
+The options of the three studies; ``main`` hands ``--study 2`` to study2.py, ``--study 3`` to study3.py and the first
+study to study1.py.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from benchmarks.training_study.preregistration import PILOT
 from benchmarks.training_study.preregistration2 import PILOT_CELL
 from benchmarks.training_study.study1 import main1, parse_study1
 from benchmarks.training_study.study2 import main2, parse_study2
+from benchmarks.training_study.study3 import main3, parse_study3
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.training_study", description=__doc__.splitlines()[0])
-    parser.add_argument("--study", type=int, choices=[1, 2], default=1, help="the first study (default) or the second")
+    parser.add_argument(
+        "--study", type=int, choices=[1, 2, 3], default=1, help="the first study (default), the second or the third"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps per arm (the tests)")
     parser.add_argument("--cells", nargs="+", default=None, help="cells to run (default: all)")
     parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all of the study)")
@@ -51,11 +56,13 @@ def parse_args(argv=None):
     parser.add_argument("--task", default=None, choices=list(PILOT_CELL), help="study 2's --pilot: the task")
     parser.add_argument("--record-rates", action="store_true", help="study 2: the pilots' chosen rates -> rates file")
     parser.add_argument("--plan", action="store_true", help="study 2: the runs and their estimated CPU time")
+    parser.add_argument("--tune", action="store_true", help="study 3: the tuning runs (every arm and rate)")
     args = parser.parse_args(argv)
     args.out = Path(args.out)
-    return parse_study2(args, parser) if args.study == 2 else parse_study1(args, parser)
+    parse = {1: parse_study1, 2: parse_study2, 3: parse_study3}[args.study]
+    return parse(args, parser)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    return main2(args) if args.study == 2 else main1(args)
+    return {1: main1, 2: main2, 3: main3}[args.study](args)
