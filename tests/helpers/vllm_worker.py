@@ -164,11 +164,12 @@ def instrument(trainer, reward, spec, records, initial):
             is_weights = ratio.float()
             active = active * (ratio > 0).to(active.dtype)
         if spec["trainer"] == "otb":
-            expected = otb_advantages(rewards, proxy.float(), active, group_ids, is_weights=is_weights)
+            tail = trainer.args.otb_tail
+            expected = otb_advantages(rewards, proxy.float(), active, group_ids, is_weights=is_weights, tail=tail)
             record["advantage_err"] = (batch["advantages"] - expected).abs().max().item()
             record["advantage_abs_max"] = expected.abs().max().item()
             if is_weights is not None:
-                on_policy = otb_advantages(rewards, proxy.float(), active, group_ids)
+                on_policy = otb_advantages(rewards, proxy.float(), active, group_ids, tail=tail)
                 record["advantage_is_effect"] = (expected - on_policy).abs().max().item()
         records.append(record)
         return batch

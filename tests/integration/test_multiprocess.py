@@ -61,7 +61,7 @@ def test_split_groups_get_single_process_advantages_and_metrics(two_ranks, tiny_
     proxy, mask = torch.cat(proxies), torch.cat(masks)
     rewards = torch.tensor([float("nan") if r is None else r for r in rewards])
     group_ids = torch.arange(len(rewards)) // N
-    expected = otb_advantages(rewards, proxy, mask, group_ids)
+    expected = otb_advantages(rewards, proxy, mask, group_ids, tail=two_ranks[0]["otb_tail"])
 
     got = torch.cat([pad_to(r["advantages"], T) for r in two_ranks])
     unscorable = torch.tensor(["unscorable" in p for p in prompts])

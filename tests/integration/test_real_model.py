@@ -45,7 +45,8 @@ def test_otb_step_on_smollm2_matches_contract_and_trains(smollm2_dir, tmp_path):
     # The rewards TRL computed for this batch: the last 4 entries of each function's column in its completions log.
     per_func = [list(trainer._logs["rewards"][name])[-4:] for name in trainer.reward_func_names]
     rewards = torch.tensor(per_func, dtype=torch.float32).nansum(0)
-    expected = otb_advantages(rewards, proxy, batch["completion_mask"], torch.zeros(4, dtype=torch.long))
+    group = torch.zeros(4, dtype=torch.long)
+    expected = otb_advantages(rewards, proxy, batch["completion_mask"], group, tail=trainer.args.otb_tail)
     assert torch.allclose(batch["advantages"], expected, atol=1e-4)
 
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
