@@ -39,6 +39,7 @@ from benchmarks.report.study2 import (
     study2_decision,
     study2_offset,
     study2_readme_table,
+    study3_table,
 )
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
@@ -126,6 +127,7 @@ BLOCKS = {
     "study2-decision": study2_decision,
     "study2-readme": study2_readme_table,
     "study2-offset": study2_offset,
+    "study3": study3_table,
     "real-model-steps": real_model_steps,
     "real-model-signal": real_model_signal,
 }

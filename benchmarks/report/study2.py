@@ -129,3 +129,47 @@ def study2_offset(ctx: Context) -> str:
         for arm, checks in sorted(per_arm.items(), key=lambda kv: list(ARM_LABELS2).index(kv[0]))
     ]
     return "\n".join(markdown_table(header, ["---", "---", "---:"], rows)) + f"\n\n({ctx.link(STUDY2)})"
+
+
+STUDY3 = "training_study3"
+
+
+def study3_table(ctx: Context) -> str:
+    """The third study (why the candidates lost in long): per arm, its mean auc at each tuning rate (mean over the
+    tuning seeds), the rate study 2's one-seed pilot chose and the re-tuned one, then on study 2's seeds at the
+    re-tuned rate: mean auc, collapses, the paired auc difference against TRL's GRPO and against its own study-2
+    run (where the rate changed; where it did not, how many runs repeated their study-2 curve exactly)."""
+    if not (ctx.results / f"{STUDY3}.json").exists():
+        return "The third study has no finished run yet."
+    data = ctx.load(STUDY3)
+    tuning = sorted(data["tuning"].values(), key=lambda c: c["learning_rate"])
+    res = data["cells"].get("long", {"arms": {}, "paired": {}})
+    header = ["arm", *(f"tuning auc at {c['learning_rate']:.2g}" for c in tuning), "study 2's rate", "re-tuned rate"]
+    header += ["auc", "collapsed", "auc minus TRL's GRPO", "auc minus its study-2 run"]
+    rows = []
+    for arm in data["preregistration"]["arms"]:
+        tuned = [
+            f"{c['arms'][arm]['auc_mean']:.3f} ({c['arms'][arm]['runs']})" if arm in c["arms"] else "-" for c in tuning
+        ]
+        against = data["against_study2"].get(arm, {})
+        a = res["arms"].get(arm)
+        if "auc" in against:
+            own = _auc_diff(against["auc"])
+        elif "same_curves" in against:
+            own = f"same rate: {against['same_curves']}/{against['seeds']} curves identical"
+        else:
+            own = "-"
+        rows.append(
+            [
+                ARM_LABELS2[arm],
+                *tuned,
+                f"{against['study2_rate']:.2g}" if against.get("study2_rate") else "-",
+                f"{data['rates'][arm]:.2g}" if arm in data["rates"] else "-",
+                f"{a['auc_mean']:.3f} ({a['runs']})" if a else "-",
+                _collapses(a) if a else "-",
+                _auc_diff(res["paired"].get(f"{arm}-grpo_N4", {}).get("auc")),
+                own,
+            ]
+        )
+    align = ["---", *["---:"] * (len(header) - 1)]
+    return "\n".join(markdown_table(header, align, rows)) + f"\n\n({ctx.link(STUDY3)})"

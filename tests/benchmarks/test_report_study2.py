@@ -75,3 +75,31 @@ def test_readme_verdict_shows_the_study2_table_once_the_decision_exists(tmp_path
     assert after.startswith(before.split(";")[0]) and "in a pre-registered training study" not in after
     assert after.endswith("\n\nOTB did not match.")
     assert "| long_right | 10 | -0.010 (-0.030 to +0.020) |" in after
+
+
+def test_study3_table_before_and_after_runs(tmp_path):
+    ctx = Context(results=tmp_path)
+    assert "no finished run" in study2.study3_table(ctx)
+    arms = ["otb_zero_advantage", "grpo_N4"]
+    stats = {"auc_mean": 0.6, "runs": 4, "collapse_rate": 0.0}
+    auc = {"mean": 0.02, "ci": [0.01, 0.03], "seeds": 10}
+    summary = {
+        "preregistration": {"arms": arms},
+        "tuning": {f"tune_lr{lr:g}": {"learning_rate": lr, "arms": {a: stats for a in arms}} for lr in (2e-4, 5e-4)},
+        "rates": {"otb_zero_advantage": 5e-4, "grpo_N4": 5e-4},
+        "cells": {
+            "long": {
+                "arms": {a: dict(stats, runs=10) for a in arms},
+                "paired": {"otb_zero_advantage-grpo_N4": {"auc": auc}},
+            }
+        },
+        "against_study2": {
+            "otb_zero_advantage": {"study2_rate": 2e-4, "rate": 5e-4, "seeds": 10, "auc": auc},
+            "grpo_N4": {"study2_rate": 5e-4, "rate": 5e-4, "seeds": 10, "same_curves": 10},
+        },
+    }
+    (tmp_path / f"{study2.STUDY3}.json").write_text(json.dumps(summary))
+    rows = study2.study3_table(ctx).split("\n\n")[0].splitlines()[2:]
+    assert rows[0].startswith("| OTB, `zero_advantage` | 0.600 (4) | 0.600 (4) | 0.0002 | 0.0005 | 0.600 (10) | 0/10 |")
+    assert rows[0].count("+0.020 (+0.010 to +0.030) **higher**") == 2
+    assert rows[1].endswith("| - | same rate: 10/10 curves identical |")
