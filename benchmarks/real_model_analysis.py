@@ -39,6 +39,9 @@ def run_metrics(run: dict, budget: float, target: float | None) -> dict:
         "grad_norm_median": per_step("grad_norm"),
         "mean_length_median": per_step("completions/mean_length"),
         "step_cpu_median": per_step("cpu_seconds"),
+        # the share of groups whose rewards tie (TRL's frac_reward_zero_std), over the run's steps: they give no arm
+        # a gradient, so a cell where most groups tie cannot tell the arms apart
+        "tied_groups_mean": _mean(s["frac_reward_zero_std"] for s in run["steps"] if "frac_reward_zero_std" in s),
         "steps": len(run["steps"]),
         "cpu_seconds": run["cpu_seconds"],
     }
@@ -80,6 +83,7 @@ def summarise_cell(runs: list[dict], arms: list[str], budget: float, target: flo
             "grad_norm_median": _median(m["grad_norm_median"] for m in mine),
             "mean_length_median": _median(m["mean_length_median"] for m in mine),
             "step_cpu_median": _median(m["step_cpu_median"] for m in mine),
+            "tied_groups_mean": _mean(m["tied_groups_mean"] for m in mine),
             "cpu_seconds_total": sum(m["cpu_seconds"] for m in mine),
         }
     for arm, ref in PAIRS:
