@@ -100,6 +100,7 @@ def test_study3_table_before_and_after_runs(tmp_path):
     }
     (tmp_path / f"{study2.STUDY3}.json").write_text(json.dumps(summary))
     rows = study2.study3_table(ctx).split("\n\n")[0].splitlines()[2:]
-    assert rows[0].startswith("| OTB, `zero_advantage` | 0.600 (4) | 0.600 (4) | 0.0002 | 0.0005 | 0.600 (10) | 0/10 |")
+    first = "| OTB, `zero_advantage` | 0.600 (4) | 0.600 (4) | 0.0002 | 0.0005 | 0.600 (10) | 0/10 |"
+    assert rows[0].startswith(first)
     assert rows[0].count("+0.020 (+0.010 to +0.030) **higher**") == 2
     assert rows[1].endswith("| - | same rate: 10/10 curves identical |")
