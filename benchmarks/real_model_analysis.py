@@ -14,13 +14,18 @@ from benchmarks.training_study import auc, collapsed, paired_bootstrap, score_at
 from benchmarks.training_study.analysis import by_arm, paired_seeds
 
 
-def length_collapsed(run: dict) -> bool:
+def length_collapsed(run: dict, min_last_length: float | None = None) -> bool:
+    """The collapse rule's length part: the last step's mean completion length below half the first step's, or,
+    where a design fixes ``min_last_length`` (the reach design, whose right answers are shorter than its first
+    steps' overlong ones), below that many tokens."""
     lengths = [s.get("completions/mean_length") for s in run["steps"]]
     lengths = [x for x in lengths if x is not None]
+    if min_last_length is not None:
+        return bool(lengths) and lengths[-1] < min_last_length
     return len(lengths) > 1 and lengths[-1] < 0.5 * lengths[0]
 
 
-def run_metrics(run: dict, budget: float, target: float | None) -> dict:
+def run_metrics(run: dict, budget: float, target: float | None, min_last_length: float | None = None) -> dict:
     reached = tokens_to_target(run["curve"], math.inf if target is None else target)
     budget = budget or run["tokens"]
 
@@ -35,7 +40,7 @@ def run_metrics(run: dict, budget: float, target: float | None) -> dict:
         "final_se": run["curve"][-1].get("se", float("nan")),
         "tokens_to_target": budget if reached is None else min(reached, budget),
         "reached": reached is not None and reached <= budget,
-        "collapsed": collapsed(run) or length_collapsed(run),
+        "collapsed": collapsed(run) or length_collapsed(run, min_last_length),
         "grad_norm_median": per_step("grad_norm"),
         "mean_length_median": per_step("completions/mean_length"),
         "step_cpu_median": per_step("cpu_seconds"),
@@ -63,9 +68,11 @@ MIN_SEEDS_FOR_INTERVAL = 6
 """Paired seeds below which only the mean difference is given (no bootstrap interval)."""
 
 
-def summarise_cell(runs: list[dict], arms: list[str], budget: float, target: float | None) -> dict:
+def summarise_cell(
+    runs: list[dict], arms: list[str], budget: float, target: float | None, min_last_length: float | None = None
+) -> dict:
     """Per arm: means, medians and collapse rate over seeds; per pair: the paired differences (module doc)."""
-    metrics = {(r["arm"], r["seed"]): run_metrics(r, budget, target) for r in runs}
+    metrics = {(r["arm"], r["seed"]): run_metrics(r, budget, target, min_last_length) for r in runs}
     out = {"arms": {}, "paired": {}}
     for arm, mine in by_arm(metrics, arms).items():
         k = sum(m["collapsed"] for m in mine)

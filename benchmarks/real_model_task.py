@@ -115,12 +115,16 @@ def evaluate(job: dict, model, tok) -> dict:
     }
 
 
-def group_signal(pools: Path, horizons=(256, 512, 1024), group_size=4, draws=200, seed=0, decode=None) -> dict:
+def group_signal(
+    pools: Path, horizons=(256, 512, 1024), group_size=4, draws=200, seed=0, decode=None, pool_horizon=1024
+) -> dict:
     """How often a group carries no signal at each horizon, from the variance benchmark's cached count pools (the
-    pretrained policy at temperature 0.7, completions sampled to 1024 tokens): per prompt, ``draws`` random groups of
-    ``group_size`` completions, each cut at the horizon and scored by ``count_reward``. Returns, per horizon, the
-    share of groups whose rewards tie (no gradient for any arm), the mean within-group reward std and the mean
-    length of the cut completions, over every prompt's draws. ``decode`` (token ids -> text) defaults to the
+    pretrained policy at temperature 0.7, completions sampled to ``pool_horizon`` tokens): per prompt, ``draws``
+    random groups of ``group_size`` completions, each cut at the horizon and scored by ``count_reward``. Returns, per
+    horizon, the share of groups whose rewards tie (no gradient for any arm), the mean within-group reward std and
+    the mean length of the cut completions, over every prompt's draws; and, over the completions, the share that
+    score 1 (the list reached n and stopped there), the mean reward and the mean within-prompt reward std (what an
+    evaluation's sampling SE is made of). ``decode`` (token ids -> text) defaults to the
     embedded model's tokenizer."""
     import random
 
@@ -137,18 +141,20 @@ def group_signal(pools: Path, horizons=(256, 512, 1024), group_size=4, draws=200
             return tok.decode(ids, skip_special_tokens=True)
 
     rng = random.Random(seed)
-    files = sorted(Path(pools).glob("count-M12-h1024-T0.7-k64-s0-p*.pt"))
+    files = sorted(Path(pools).glob(f"count-M12-h{pool_horizon}-T0.7-k64-s0-p*.pt"))
     if not files:
         raise SystemExit(f"no count pools in {pools}: python -m benchmarks.variance --task count --pool 12 ... first")
     out = {}
     for h in horizons:
-        ties, stds, lengths = [], [], []
+        ties, stds, lengths, scores, spread = [], [], [], [], []
         for path in files:
             data = torch.load(path, weights_only=False)
             n = int(data["prompt"][0]["content"].split(" to ")[1].split(",")[0])
             cut = [r["ids"][:h] for r in data["records"]]
             rewards = [count_reward(COUNT_PREFIX + decode(ids), n) for ids in cut]
             lengths += [len(ids) for ids in cut]
+            scores += rewards
+            spread.append(statistics.pstdev(rewards))
             for _ in range(draws):
                 group = rng.sample(rewards, group_size)
                 ties.append(max(group) == min(group))
@@ -157,6 +163,9 @@ def group_signal(pools: Path, horizons=(256, 512, 1024), group_size=4, draws=200
             "tied_share": sum(ties) / len(ties),
             "reward_std_mean": statistics.fmean(stds),
             "mean_length": statistics.fmean(lengths),
+            "complete_share": sum(r == 1.0 for r in scores) / len(scores),
+            "reward_mean": statistics.fmean(scores),
+            "reward_std_within_prompt": statistics.fmean(spread),
             "prompts": len(files),
             "groups": len(ties),
         }

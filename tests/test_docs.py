@@ -198,8 +198,8 @@ def test_local_links_in_readme_and_docs_resolve():
 def orphaned_results(results: Path, places: list[Path], device_page: Path) -> list[str]:
     """The files under ``results`` that nothing names. A JSON (or log) is referenced when its file name appears in
     one of ``places``; a device result (``results/device/``) only when ``device_page`` names it; a plot counts with
-    the JSON its script wrote beside it (same stem); the run records under ``results/<folder>/`` count with the
-    summary built from them, ``results/<folder>.json``."""
+    the JSON its script wrote beside it (same stem); the run records under ``results/<folder>/`` count with a
+    summary built from them, ``results/<folder>.json`` or ``results/<folder>_<what>.json`` (a pilot's, a design's)."""
     text = "\n".join(path.read_text() for path in places)
     device_text = device_page.read_text()
 
@@ -210,7 +210,7 @@ def orphaned_results(results: Path, places: list[Path], device_page: Path) -> li
     for path in sorted(p for p in results.rglob("*") if p.is_file()):
         parts = path.relative_to(results).parts
         if len(parts) > 1 and parts[0] != "device":
-            referenced = named(results / f"{parts[0]}.json")
+            referenced = any(named(summary) for summary in results.glob(f"{parts[0]}*.json"))
         else:
             referenced = named(path) or (path.suffix == ".png" and named(path.with_suffix(".json")))
         if not referenced:
@@ -228,18 +228,26 @@ def test_every_result_file_is_referenced(tmp_path):
     assert orphaned_results(results, places, device_page) == []
     fake = tmp_path / "results"
     (fake / "device").mkdir(parents=True)
-    (fake / "study" / "cell").mkdir(parents=True)
+    for folder in ("study/cell", "piloted/cell", "lone/cell"):
+        (fake / folder).mkdir(parents=True)
     for name in (
         "a.json",
         "a.png",
         "study.json",
         "study/cell/arm-s0.json",
+        "piloted_pilot.json",  # a folder's records may be summarised by <folder>_<what>.json
+        "piloted/cell/arm-s0.json",
+        "lone/cell/arm-s0.json",  # no summary names them
         "stray_after_abc123.json",
         "device/x.json",
     ):
         (fake / name).write_text("{}")
-    (tmp_path / "index.md").write_text("a.json study.json x.json")
-    assert orphaned_results(fake, [tmp_path / "index.md"], device_page) == ["device/x.json", "stray_after_abc123.json"]
+    (tmp_path / "index.md").write_text("a.json study.json x.json piloted_pilot.json")
+    assert orphaned_results(fake, [tmp_path / "index.md"], device_page) == [
+        "device/x.json",
+        "lone/cell/arm-s0.json",
+        "stray_after_abc123.json",
+    ]
 
 
 def _study(paired: dict, collapsed: dict | None = None) -> dict:

@@ -44,6 +44,8 @@ from benchmarks.report.study2 import (
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
+    real_model_far_pilot,
+    real_model_reach,
     real_model_signal,
     real_model_steps,
     study_arms_table,
@@ -130,6 +132,8 @@ BLOCKS = {
     "study3": study3_table,
     "real-model-steps": real_model_steps,
     "real-model-signal": real_model_signal,
+    "real-model-far-pilot": real_model_far_pilot,
+    "real-model-reach": real_model_reach,
 }
 
 

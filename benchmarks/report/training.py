@@ -246,10 +246,18 @@ def study_verdict(ctx: Context) -> str:
 
 def real_model_steps(ctx: Context, stem: str) -> str:
     """The real-model study's measured step costs and the plan its pre-registration sized from them."""
-    from benchmarks.real_model_analysis import steps_table
-    from benchmarks.real_model_study import PREREGISTRATION
+    from benchmarks.real_model_analysis import cost_plan, steps_table
+    from benchmarks.real_model_preregistration import DESIGNS, PREREGISTRATION
 
-    return steps_table(ctx.load(stem), PREREGISTRATION) + f"\n\n({ctx.link(stem)})"
+    data, reach = ctx.load(stem), DESIGNS["reach"]
+    tokens = ctx.load("real_model_study_reach_variance")["results"]["lm_head"]["256"]["mean_completion_tokens"]
+    plan = cost_plan(dict(data["costs"], completion_tokens_per_completion=tokens), reach)
+    amended = (
+        f" The reach design's plan, from the same costs at its {tokens:.1f} tokens per completion: "
+        f"{plan['steps_per_run']} steps per run, {plan['pilot']['runs']} pilot and {plan['study']['runs']} study "
+        f"runs, {plan['cpu_hours']:.2f} CPU hours, {plan['wall_hours_at_2_jobs']:.2f} hours of wall time at 2 jobs."
+    )
+    return steps_table(data, PREREGISTRATION) + amended + f"\n\n({ctx.link(stem)})"
 
 
 def real_model_signal(ctx: Context, stem: str) -> str:
@@ -261,3 +269,47 @@ def real_model_signal(ctx: Context, stem: str) -> str:
         for h, v in data["horizons"].items()
     ]
     return "\n".join(markdown_table(header, ["---:"] * 4, rows)) + f"\n\n({ctx.link(stem)})"
+
+
+def real_model_far_pilot(ctx: Context, stem: str) -> str:
+    """The first real-model design's pilot record: each finished run's held-out score, tied groups and gradient norm."""
+    data = ctx.load(stem)
+    header = ["learning rate", "arm", "held-out score: start", "final (SE)", "tied groups (mean over steps)"]
+    header.append("median grad norm")
+    rows = [
+        [
+            f"{a['learning_rate']:g}",
+            arm,
+            f"{a['initial_mean']:.3f}",
+            f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})",
+        ]
+        + [f"{a['tied_groups_mean']:.2f}", f"{a['grad_norm_median']:.1e}"]
+        for cell in data["cells"].values()
+        for arm, a in cell["arms"].items()
+    ]
+    return "\n".join(markdown_table(header, ["---:", "---", "---:", "---:", "---:", "---:"], rows)) + (
+        f"\n\n({ctx.link(stem)})"
+    )
+
+
+def real_model_reach(ctx: Context, stem: str) -> str:
+    """The reach design's checks on the pretrained policy, before any run: the variance ratio of both OTB arms, the
+    completions' length, and the group signal (``stem`` is the design's file stem)."""
+    ref = ctx.load(f"{stem}_variance")["results"]["lm_head"]["256"]
+    tails = ctx.load(f"{stem}_variance_fallbacks")["results"]["lm_head"]["256"]["paired"]
+    signal = ctx.load(f"{stem}_group_signal")["horizons"]["256"]
+
+    def ratio(found):
+        return f"{found['ratio']:.2f} [{found['ratio_ci'][0]:.2f}, {found['ratio_ci'][1]:.2f}]"
+
+    rows = [
+        ["OTB/GRPO gradient variance at N=4, reference OTB", ratio(ref["paired"]["N=4/otb-grpo"])],
+        ["the same, the default's tail (zero_advantage)", ratio(tails["N=4/otb_zero_advantage-grpo"])],
+        ["mean completion tokens", f"{ref['mean_completion_tokens']:.1f}"],
+        ["groups of 4 whose rewards tie", f"{signal['tied_share']:.2f}"],
+        ["completions that stop at n (reward 1)", f"{signal['complete_share']:.2f}"],
+        ["mean reward", f"{signal['reward_mean']:.2f}"],
+        ["mean within-prompt reward std", f"{signal['reward_std_within_prompt']:.2f}"],
+    ]
+    links = ", ".join(ctx.link(f"{stem}{s}") for s in ("_variance", "_variance_fallbacks", "_group_signal"))
+    return "\n".join(markdown_table(["on the pretrained policy", "value"], ["---", "---:"], rows)) + f"\n\n({links})"

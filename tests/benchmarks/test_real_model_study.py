@@ -15,10 +15,12 @@ import pytest
 from benchmarks import real_model_analysis as analysis
 from benchmarks import real_model_study as study
 from benchmarks import real_model_task as task
+from benchmarks.real_model_preregistration import AMENDMENT_REACH
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 PRE = study.PREREGISTRATION
+REACH = study.DESIGNS["reach"]
 
 
 def _run(*args: str, out: Path) -> subprocess.CompletedProcess:
@@ -61,7 +63,7 @@ def test_quick_measure_steps_feeds_the_plan(tmp_path):
     fidelity = [s for r in data["runs"] for s in r["steps"] if "otb/fidelity/seconds_per_token" in s]
     assert [s["step"] for s in fidelity] == [1]  # one check, in otb_default's first step only
     plan = json.loads(_run("--plan", out=tmp_path).stdout)
-    assert plan == analysis.cost_plan(costs, PRE, jobs=1)
+    assert plan == analysis.cost_plan(costs, REACH, jobs=1)  # --design reach is the default
 
 
 def test_the_fidelity_check_leaves_the_run_unchanged(tmp_path):
@@ -128,6 +130,12 @@ def test_analysis_collapse_target_and_checks():
     assert analysis.run_metrics(_synthetic("grpo_N4", 0, [0.2, 0.15, 0.09]), 1000, 0.25)["collapsed"]  # < half
     shorter = _synthetic("grpo_N4", 0, [0.2, 0.25, 0.3], lengths=(200.0, 90.0))
     assert analysis.run_metrics(shorter, 1000, 0.25)["collapsed"]  # the completions halved: a length collapse
+    # the reach design: a floor in tokens instead (its right answers are shorter than its first steps' overlong ones)
+    learnt = _synthetic("grpo_N4", 0, [0.5, 0.7, 0.9], lengths=(256.0, 126.0))
+    assert analysis.run_metrics(learnt, 1000, 0.6)["collapsed"]  # the first design's rule calls it a collapse
+    assert not analysis.run_metrics(learnt, 1000, 0.6, REACH["collapse_min_last_length"])["collapsed"]
+    stopped = _synthetic("grpo_N4", 0, [0.5, 0.7, 0.9], lengths=(256.0, 60.0))
+    assert analysis.run_metrics(stopped, 1000, 0.6, REACH["collapse_min_last_length"])["collapsed"]
     nan = _synthetic("grpo_N4", 0, [0.2, 0.25, 0.3])
     nan["steps"][0]["grad_norm"] = float("nan")
     assert analysis.run_metrics(nan, 1000, 0.25)["collapsed"]
@@ -236,3 +244,97 @@ def test_group_signal_counts_tied_groups_at_each_horizon(tmp_path):
     assert out["2"]["tied_share"] == 1.0 and out["2"]["reward_std_mean"] == 0.0  # cut before any difference
     assert out["24"]["tied_share"] == 0.5 and out["24"]["reward_std_mean"] > 0  # the erring prompt's groups differ
     assert out["24"]["prompts"] == 2 and out["24"]["groups"] == 10
+    # the right list stops at n = 10 (reward 1), the wrong ones do not: 4 of 8 completions
+    assert out["24"]["complete_share"] == 0.5 and out["2"]["complete_share"] == 0.0
+    assert out["24"]["reward_std_within_prompt"] > 0
+    with pytest.raises(SystemExit, match="no count pools"):  # pools sampled to another horizon are not read
+        group_signal(tmp_path, horizons=(2,), pool_horizon=256, decode=lambda ids: "")
+
+
+# --- the reach design (the amendment) -------------------------------------------------------------------------------
+
+
+def test_the_reach_design_changes_only_what_its_amendment_names():
+    changes = AMENDMENT_REACH["changes"]
+    for key, value in PRE.items():
+        if key not in changes:
+            assert REACH[key] == value, key
+        elif isinstance(value, dict):  # an entry changed key by key: the other keys are the first design's
+            assert {k: v for k, v in REACH[key].items() if k not in changes[key]} == {
+                k: v for k, v in value.items() if k not in changes[key]
+            }
+    assert set(REACH) - set(PRE) == {"collapse_min_last_length", "amendment"}
+    assert REACH["arms"] == PRE["arms"] and REACH["seeds"] == PRE["seeds"] and REACH["token_budget"] == 28_000
+    t = REACH["task"]
+    assert not set(t["train_targets"]) & set(t["held_out_targets"]) and len(t["held_out_targets"]) == 14
+    assert study.MEASURE["seed"] not in REACH["seeds"] and REACH["learning_rates"]["pilot_seed"] == 100
+    # the files: the first design's keep their names, the second's carry its name
+    assert study.pilot_cell(1e-6, "reach") == "reach_pilot_lr1e-06" and study.pilot_cell(3e-6) == "pilot_lr3e-06"
+    assert study.stem_of("reach") == "real_model_study_reach" and study.stem_of("far") == "real_model_study"
+    assert study.parse_args([]).design == "reach"
+
+
+@pytest.mark.slow
+def test_the_reach_targets_are_reached_inside_the_horizon(smollm2_dir):
+    """Counting on from the prefix to n, with the end of the turn, takes 4n - 18 tokens: 126 at n = 36, 238 at 64."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    t = REACH["task"]
+    for n in t["train_targets"] + t["held_out_targets"]:
+        tokens = len(tok(" " + ", ".join(map(str, range(4, n + 1))), add_special_tokens=False)["input_ids"]) + 1
+        assert tokens == 4 * n - 18 <= t["max_completion_length"]
+        assert task.count_task_reward([" " + ", ".join(map(str, range(4, n + 1)))], [n]) == [1.0]
+    assert REACH["collapse_min_last_length"] == (4 * min(t["train_targets"] + t["held_out_targets"]) - 18) // 2
+
+
+def test_the_reach_precondition_is_its_committed_variance_check():
+    data = json.loads((RESULTS / "real_model_study_reach_variance.json").read_text())
+    fallbacks = json.loads((RESULTS / "real_model_study_reach_variance_fallbacks.json").read_text())
+    t, text = REACH["task"], REACH["precondition"]
+    for d in (data, fallbacks):
+        meta = d["meta"]
+        assert meta["command"].startswith("python -m benchmarks.variance --task count --pool 12 --horizons 256")
+        assert meta["count_targets"] == t["train_targets"] and meta["temperature"] == t["temperature"]
+        assert meta["cache_key"] == fallbacks["meta"]["cache_key"]  # the same pools
+    cell = data["results"]["lm_head"][str(t["max_completion_length"])]
+    assert cell["mean_completion_tokens"] >= 128 and f"{cell['mean_completion_tokens']:.1f}" in text
+    ref = cell["paired"]["N=4/otb-grpo"]
+    default = fallbacks["results"]["lm_head"]["256"]["paired"]["N=4/otb_zero_advantage-grpo"]
+    for found in (ref, default):  # the reference's and the default's tail: both arms that run
+        assert found["ratio"] < 0.7 and found["ratio_ci"][1] < 1
+        assert f"{found['ratio']:.2f} [{found['ratio_ci'][0]:.2f}, {found['ratio_ci'][1]:.2f}]" in text
+    assert study.otb_defaults()["otb_tail"] == "zero_advantage" and not study.otb_defaults()["otb_leave_one_out"]
+    signal = json.loads((RESULTS / "real_model_study_reach_group_signal.json").read_text())["horizons"]["256"]
+    assert f"{signal['tied_share']:.2f} of the groups tie" in text
+    assert f"{signal['complete_share']:.2f} of the completions stop at n" in text
+    assert f"within-prompt reward std {signal['reward_std_within_prompt']:.2f}" in text
+
+
+def test_the_reach_cost_is_the_plan_on_the_first_measurement_at_its_length():
+    measured = json.loads((RESULTS / study.STEPS_FILE).read_text())["costs"]
+    tokens = json.loads((RESULTS / "real_model_study_reach_variance.json").read_text())["results"]["lm_head"]["256"]
+    plan = analysis.cost_plan(dict(measured, completion_tokens_per_completion=tokens["mean_completion_tokens"]), REACH)
+    assert REACH["cost"]["plan"] == plan and plan["wall_hours_at_2_jobs"] <= REACH["cost"]["wall_hours_allowed"]
+    fewer = analysis.cost_plan(
+        dict(measured, completion_tokens_per_completion=tokens["mean_completion_tokens"]), dict(REACH, seeds=[0] * 6)
+    )
+    assert f"6 seeds would take {fewer['wall_hours_at_2_jobs']:.1f} hours" in REACH["cost"]["cut_order"]
+
+
+def test_the_first_designs_pilot_record_recomputes_from_its_runs(tmp_path):
+    """The first design's pilot summary (two runs, then stopped) is what the harness computes from its run files."""
+    import shutil
+
+    committed = json.loads((RESULTS / "real_model_study_pilot.json").read_text())
+    for cell in (RESULTS / study.FOLDER).glob("pilot_lr*"):
+        shutil.copytree(cell, tmp_path / study.FOLDER / cell.name)
+    grid = PRE["learning_rates"]["grid"]
+    again = study.summarise(
+        tmp_path, committed["meta"], {study.pilot_cell(lr): PRE["token_budget"] for lr in grid}, None,
+        f"{study.FOLDER}_pilot", "far",
+    )  # fmt: skip
+    assert json.loads(json.dumps(again)) == committed
+    assert committed["design"] == "far" and committed["meta"]["command"].endswith("--design far --pilot --summary")
+    arms = committed["cells"]["pilot_lr3e-06"]["arms"]
+    assert set(arms) == {"otb_ref"} and arms["otb_ref"]["tied_groups_mean"] > 0.7  # the record: a tied cell
