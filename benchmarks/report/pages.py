@@ -44,6 +44,7 @@ from benchmarks.report.study2 import (
 from benchmarks.report.tables import RESULTS, ROOT, Context
 from benchmarks.report.training import (
     efficiency_table,
+    real_model_cells,
     real_model_far_pilot,
     real_model_reach,
     real_model_signal,
@@ -134,6 +135,7 @@ BLOCKS = {
     "real-model-signal": real_model_signal,
     "real-model-far-pilot": real_model_far_pilot,
     "real-model-reach": real_model_reach,
+    "real-model-cells": real_model_cells,
 }
 
 

@@ -313,3 +313,48 @@ def real_model_reach(ctx: Context, stem: str) -> str:
     ]
     links = ", ".join(ctx.link(f"{stem}{s}") for s in ("_variance", "_variance_fallbacks", "_group_signal"))
     return "\n".join(markdown_table(["on the pretrained policy", "value"], ["---", "---:"], rows)) + f"\n\n({links})"
+
+
+def _paired_cell(value: dict, digits: int) -> str:
+    mean = f"{value['mean']:+.{digits}f}"
+    if "ci" not in value:
+        return f"{mean} (mean of {value['seeds']} seeds, no interval)"
+    lo, hi = value["ci"]
+    mark = " **differ**" if value["differ"] else ""
+    return f"{mean} [{lo:+.{digits}f}, {hi:+.{digits}f}]{mark}"
+
+
+def real_model_cells(ctx: Context, stem: str) -> str:
+    """A real-model summary (a pilot's or the study's): per cell and arm, the rate, runs, held-out scores, target,
+    collapses, tied groups, length and gradient norm; then, where arms were paired, each pair's difference in auc,
+    final score and tokens to target (95% bootstrap interval from 6 paired seeds; **differ**: it excludes 0)."""
+    data = ctx.load(stem)
+    header = ["cell", "arm", "rate", "runs", "held-out: start", "auc", "final (SE)", "reached target"]
+    header += ["collapsed (95% interval)", "tied groups", "median length", "median grad norm"]
+    rows, pairs = [], []
+    for cell, found in data["cells"].items():
+        for arm, a in found["arms"].items():
+            lo, hi = a["collapse_ci"]
+            rows.append(
+                [
+                    cell,
+                    arm,
+                    f"{a['learning_rate']:g}",
+                    str(a["runs"]),
+                    f"{a['initial_mean']:.3f}",
+                    f"{a['auc_mean']:.3f}",
+                ]
+                + [f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})", f"{a['reached']}/{a['runs']}"]
+                + [f"{a['collapsed']}/{a['runs']} ({lo:.2f}-{hi:.2f})", f"{a['tied_groups_mean']:.2f}"]
+                + [f"{a['mean_length_median']:.0f}", f"{a['grad_norm_median']:.3f}"]
+            )
+        for pair, m in found["paired"].items():
+            pairs.append([cell, pair, _paired_cell(m["auc"], 3), _paired_cell(m["final"], 3)])
+            pairs[-1].append(_paired_cell(m["tokens_to_target"], 0))
+    lines = markdown_table(header, ["---", "---", "---:", "---:", *["---:"] * 8], rows)
+    target = data.get("target")
+    lines += ["", f"Target: {'none (a pilot)' if target is None else f'{target:.3f}'}."]
+    if pairs:
+        pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
+        lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]
+    return "\n".join(lines) + f"\n\n({ctx.link(stem)})"

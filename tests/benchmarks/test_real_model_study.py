@@ -338,3 +338,31 @@ def test_the_first_designs_pilot_record_recomputes_from_its_runs(tmp_path):
     assert committed["design"] == "far" and committed["meta"]["command"].endswith("--design far --pilot --summary")
     arms = committed["cells"]["pilot_lr3e-06"]["arms"]
     assert set(arms) == {"otb_ref"} and arms["otb_ref"]["tied_groups_mean"] > 0.7  # the record: a tied cell
+
+
+def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
+    """docs/benchmarks.md's block for a real-model summary: the arms table and the paired differences, an interval
+    only from 6 paired seeds, **differ** only where it excludes 0."""
+    from benchmarks.report.tables import Context
+    from benchmarks.report.training import real_model_cells
+
+    runs = []
+    for s in range(6):
+        base = 0.5 + 0.01 * s
+        runs += [
+            _synthetic("grpo_N4", s, [base, base + 0.1, base + 0.2]),
+            _synthetic("otb_ref", s, [base, base + 0.1 + 0.001 * s, base + 0.2]),
+            _synthetic("otb_default", s, [base, base + 0.15 + 0.001 * s, base + 0.25]),
+        ]
+    cells = {"reach_main": analysis.summarise_cell(runs, list(REACH["arms"]), 1000, 0.6, 63)}
+    (tmp_path / "summary.json").write_text(json.dumps({"cells": cells, "target": 0.6}))
+    text = real_model_cells(Context(results=tmp_path, to_root=""), "summary")
+    assert text.count("| reach_main |") == 3 + len(analysis.PAIRS)
+    assert "Target: 0.600." in text and "[summary.json](benchmarks/results/summary.json)" in text
+    default_row = next(line for line in text.splitlines() if "| otb_default-grpo_N4 |" in line)
+    assert default_row.count("**differ**") >= 1 and "[" in default_row  # auc: +0.03 to +0.035 on every seed
+    assert "| 0/6 (0.00-0.39) |" in text  # no collapse, with its Wilson interval
+    five = {"reach_main": analysis.summarise_cell([r for r in runs if r["seed"] < 5], list(REACH["arms"]), 1000, 0.6)}
+    (tmp_path / "five.json").write_text(json.dumps({"cells": five, "target": None}))
+    text = real_model_cells(Context(results=tmp_path, to_root=""), "five")
+    assert "mean of 5 seeds, no interval" in text and "**differ**" not in text and "none (a pilot)" in text
