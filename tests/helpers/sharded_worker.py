@@ -164,3 +164,10 @@ if __name__ == "__main__":
         refuses_lm_head_unit(model_dir, out_dir)
     else:
         train(engine, mode, model_dir, out_dir)
+    # Every result is on disk and the ranks have met at a barrier. Leave without the interpreter's teardown: under
+    # DeepSpeed on CPU a rank can still abort there ("terminate called without an active exception", exit -6) after
+    # destroy_process_group, from a native thread that outlives Python (seen once in CI at the zero3 on-policy run,
+    # after both ranks had trained and saved). The test judges the saved results, not the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
