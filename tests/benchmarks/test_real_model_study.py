@@ -147,6 +147,16 @@ def test_analysis_collapse_target_and_checks():
     assert analysis.checks(runs, study.REFERENCE)["default_is_reference"]
     runs[1]["weights_moved"] = 1.0
     assert len(analysis.failed_checks(analysis.checks(runs, study.REFERENCE))) == 1
+    # a pilot runs the default at several rates: one configuration; a changed setting besides the rate is two
+    pilot = [_synthetic("otb_default", 100, [0.2, 0.3, 0.3]) for _ in range(3)]
+    base = dict(pilot[0]["config"])
+    for run, lr in zip(pilot, (1e-6, 3e-6, 1e-5)):
+        run["config"] = dict(base, learning_rate=lr)
+    assert analysis.checks(pilot, study.REFERENCE)["default_configurations"] == 1
+    assert analysis.failed_checks(analysis.checks(pilot, study.REFERENCE)) == []
+    pilot[2]["config"]["otb_tail"] = "sequence_baseline"
+    assert analysis.checks(pilot, study.REFERENCE)["default_configurations"] == 2
+    assert analysis.failed_checks(analysis.checks(pilot, study.REFERENCE))
 
 
 def test_pilot_rule_takes_the_highest_auc_and_the_lower_rate_on_a_tie():
