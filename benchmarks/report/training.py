@@ -326,11 +326,17 @@ def _paired_cell(value: dict, digits: int) -> str:
 
 def real_model_cells(ctx: Context, stem: str) -> str:
     """A real-model summary (a pilot's or the study's): per cell and arm, the rate, runs, held-out scores, target,
-    collapses, tied groups, length and gradient norm; then, where arms were paired, each pair's difference in auc,
-    final score and tokens to target (95% bootstrap interval from 6 paired seeds; **differ**: it excludes 0)."""
+    collapses, tied groups, length and gradient norm; then, for the study (a pilot's single runs choose rates and
+    are not compared), each pair's difference in auc, final score and tokens to target (95% bootstrap interval from
+    6 paired seeds; **differ**: it excludes 0)."""
     data = ctx.load(stem)
     header = ["cell", "arm", "rate", "runs", "held-out: start", "auc", "final (SE)", "reached target"]
     header += ["collapsed (95% interval)", "tied groups", "median length", "median grad norm"]
+    pilot = bool(data.get("chosen") is not None or data.get("meta", {}).get("pilot"))
+
+    def reached(a: dict) -> str:  # a pilot's target comes from its own runs, after them
+        return "-" if pilot else f"{a['reached']}/{a['runs']}"
+
     rows, pairs = [], []
     for cell, found in data["cells"].items():
         for arm, a in found["arms"].items():
@@ -344,16 +350,19 @@ def real_model_cells(ctx: Context, stem: str) -> str:
                     f"{a['initial_mean']:.3f}",
                     f"{a['auc_mean']:.3f}",
                 ]
-                + [f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})", f"{a['reached']}/{a['runs']}"]
+                + [f"{a['final_mean']:.3f} ({a['final_se_median']:.3f})", reached(a)]
                 + [f"{a['collapsed']}/{a['runs']} ({lo:.2f}-{hi:.2f})", f"{a['tied_groups_mean']:.2f}"]
                 + [f"{a['mean_length_median']:.0f}", f"{a['grad_norm_median']:.3f}"]
             )
-        for pair, m in found["paired"].items():
+        for pair, m in [] if pilot else found["paired"].items():  # a pilot's arms run at several rates, once
             pairs.append([cell, pair, _paired_cell(m["auc"], 3), _paired_cell(m["final"], 3)])
             pairs[-1].append(_paired_cell(m["tokens_to_target"], 0))
     lines = markdown_table(header, ["---", "---", "---:", "---:", *["---:"] * 8], rows)
     target = data.get("target")
     lines += ["", f"Target: {'none (a pilot)' if target is None else f'{target:.3f}'}."]
+    if data.get("chosen"):
+        chosen = ", ".join(f"{arm} {lr:g}" for arm, lr in data["chosen"].items())
+        lines[-1] += f" Chosen rates (the highest auc per arm): {chosen}."
     if pairs:
         pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
         lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]

@@ -376,3 +376,8 @@ def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
     (tmp_path / "five.json").write_text(json.dumps({"cells": five, "target": None}))
     text = real_model_cells(Context(results=tmp_path, to_root=""), "five")
     assert "mean of 5 seeds, no interval" in text and "**differ**" not in text and "none (a pilot)" in text
+    # a pilot's summary: the chosen rates, no paired table and no "reached" (its target comes from its own runs)
+    (tmp_path / "pilot.json").write_text(json.dumps({"cells": five, "target": 0.6, "chosen": {"grpo_N4": 1e-5}}))
+    text = real_model_cells(Context(results=tmp_path, to_root=""), "pilot")
+    assert "Chosen rates (the highest auc per arm): grpo_N4 1e-05." in text and "arm minus reference" not in text
+    assert text.count("| reach_main |") == 3 and "| - |" in text
