@@ -104,12 +104,7 @@ def run_one(job: dict) -> dict:
 
     torch.set_num_threads(job["threads"])
     from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
 
-    from trl_otb import OTBConfig, OTBTrainer
-
-    pre = DESIGNS[job["design"]]
-    task, seed, arm = job["task"], job["seed"], pre["arms"][job["arm"]]
     model, tok = load_policy(job["model"])
     counted = CountingReward(count_task_reward)
     budget, every, max_steps = job["token_budget"], job["eval_every_tokens"], job["max_steps"]
@@ -123,31 +118,10 @@ def run_one(job: dict) -> dict:
             if done:
                 control.should_training_stop = True
 
-    N, P = pre["num_generations"], pre["prompts_per_step"]
     clock = step_clock()
-    fidelity = {f"otb_fidelity_{k}": v for k, v in (job.get("fidelity") or {}).items()}
-    config = OTBConfig(
-        output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
-        **arm,
-        **fidelity,
-        num_generations=N,
-        per_device_train_batch_size=N * P,
-        max_completion_length=task["max_completion_length"],
-        temperature=task["temperature"],
-        learning_rate=job["learning_rate"],
-        max_steps=max_steps,
-        seed=seed,
-        **FIXED,
-    )
-    trainer = OTBTrainer(
-        model,
-        reward_funcs=counted,
-        args=config,
-        train_dataset=dataset(tok, task["train_targets"], seed),
-        processing_class=tok,
-        callbacks=[clock, Schedule()],  # the clock first: a step's time leaves its evaluation out
-    )
-    trainer.remove_callback(PrinterCallback)
+    # the clock first: a step's time leaves its evaluation out
+    trainer = make_trainer(job, model, tok, counted, callbacks=[clock, Schedule()], max_steps=max_steps)
+    config = trainer.args
     cpu, wall = time.process_time(), time.perf_counter()
     moved = train_measuring_movement(trainer, model)
     logs = [e for e in trainer.state.log_history if "loss" in e and "train_runtime" not in e]
@@ -163,6 +137,42 @@ def run_one(job: dict) -> dict:
         "commit": _commit(),
         **run_outcome(curve, steps, moved, counted.tokens, cpu, wall),
     }
+
+
+def make_trainer(job: dict, model, tok, reward, callbacks=(), max_steps: int = 1, trainer_class=None):
+    """The study's trainer for one run: the job's arm and seed, the design's group size, prompts per step, task and
+    fixed settings (``FIXED``), the job's learning rate; ``trainer_class`` (an OTBTrainer subclass) for the
+    mechanism study, which reads the first batch."""
+    from transformers.trainer_callback import PrinterCallback
+
+    from trl_otb import OTBConfig, OTBTrainer
+
+    pre, task, seed = DESIGNS[job["design"]], job["task"], job["seed"]
+    N, P = pre["num_generations"], pre["prompts_per_step"]
+    fidelity = {f"otb_fidelity_{k}": v for k, v in (job.get("fidelity") or {}).items()}
+    config = OTBConfig(
+        output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
+        **pre["arms"][job.get("config_arm", job["arm"])],  # an ablation arm names the arm it changes
+        **fidelity,
+        num_generations=N,
+        per_device_train_batch_size=N * P,
+        max_completion_length=task["max_completion_length"],
+        temperature=task["temperature"],
+        learning_rate=job["learning_rate"],
+        max_steps=max_steps,
+        seed=seed,
+        **FIXED,
+    )
+    trainer = (trainer_class or OTBTrainer)(
+        model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset(tok, task["train_targets"], seed),
+        processing_class=tok,
+        callbacks=list(callbacks),
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def _commit() -> str | None:
