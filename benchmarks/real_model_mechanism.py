@@ -1,0 +1,381 @@
+"""Why both OTB arms settled on counting on in the real-model pilot: a pre-registered study of the first step
+(issue 27's finding, its mechanism tested).
+
+    python -m benchmarks.real_model_mechanism            # every (seed, arm) not yet done, then the summary
+    python -m benchmarks.real_model_mechanism --summary  # the summary from the finished runs only
+    python -m benchmarks.real_model_mechanism --quick    # the tiny model, 1 seed (the tests)
+
+Run it at ``nice -n 19``. Each (seed, arm) trains the real-model study's trainer (``real_model_study.make_trainer``:
+the reach design's task, prompts, group size and settings) for one step from the pretrained policy, records the
+step's batch (its advantages by kind of token) and the change the step made to the probability of stopping, read
+teacher-forced on the held-out targets, and writes ``real_model_mechanism/<arm>-s<seed>.json``; a run already there
+is not run again. Everything that decides the answer is in ``PREREGISTRATION``, committed before the first run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.common import command, write_json
+from benchmarks.real_model_preregistration import DESIGNS
+from benchmarks.real_model_task import count_task_reward, load_policy, prompt_text
+from benchmarks.variance.sampling import COUNT_PREFIX, count_reward
+
+FOLDER = "real_model_mechanism"
+SUMMARY = "real_model_mechanism.json"
+WINDOW = 8
+
+PREREGISTRATION = {
+    "committed": "before any run of this study; after the reach pilot (d02f9a8) and five runs of the reach study "
+    "(c59a63f), whose finding it explains",
+    "finding": "in the reach pilot (seed 100), at the rate 1e-5 both OTB arms went from a held-out score of 0.581 to "
+    "0.500 at the first evaluation and stayed there: every sampled list counted on past n and was cut off (0.5), "
+    "although the pretrained policy stops at n in 0.18 of its completions. TRL's GRPO, from the same first batch at "
+    "the same rate, reached 1.000. The gradient norm at step 1 was 0.020 (OTB) against 0.178 (GRPO)",
+    "why_not_the_norm": "Adam's first update of a parameter is lr * g / (|g| + eps), about lr * sign(g): it does not "
+    "depend on the gradient's scale, so OTB's smaller norm does not make its first step smaller. At step 1 the arms "
+    "differ in the gradient's direction only",
+    "hypothesis": "H: the token-level baseline takes from OTB the signal that teaches GRPO to stop at n. In a group "
+    "where one member stops at n (reward 1) and the others count on past n (0.5 each), once the member that stopped "
+    "has ended, the others are alike in reward at every later position, so OTB's baseline there equals their reward "
+    "and their tokens past n get advantage 0 (and 0 too where one member is alone, under zero_advantage). GRPO gives "
+    "every one of those tokens the sequence's negative advantage (0.5 less the group mean), a push against "
+    "continuing that falls on every position past n and raises the stop token's probability there. Without it, "
+    "what is left of OTB's step (the stop decisions themselves, and the tokens before n) does not raise the "
+    "probability of stopping at n",
+    "design": {
+        "policy": "the reach design's pretrained SmolLM2-135M-Instruct, its task, prompts, group size (4), prompts "
+        "per step (2), temperature, horizon and fixed settings (real_model_study.make_trainer); full fine-tuning",
+        "seeds": [200, 201, 202, 203, 204, 205],
+        "seeds_why": "neither study seeds (0-7) nor the pilot's (100). A seed fixes the step's prompts and TRL's "
+        "sampling, so every arm of a seed trains on the same batch (asserted)",
+        "learning_rate": 1e-5,
+        "learning_rate_why": "the rate at which the pilot's OTB arms settled on counting on and GRPO reached 1; at "
+        "step 1 Adam's step is lr * sign(g) for every arm, so one rate compares the directions",
+        "steps": 1,
+        "arms": {
+            "otb_default": "the study's arm (OTBConfig's defaults)",
+            "otb_ref": "the study's arm (otb_tail='zero')",
+            "grpo_N4": "the study's arm (TRL's default GRPO)",
+            "grpo_no_past_n": "the ablation: grpo_N4's advantages with every token past n set to 0 (the tokens "
+            "after the token that completes n in the completion's run 1, 2, ..., n; a completion whose run never "
+            "reaches n has none), its stop token kept",
+        },
+        "cut": "if time runs out, the analysis uses the seeds where all four arms finished, at least 4",
+    },
+    "measurements": {
+        "stop_log_odds": "before and after the step, teacher-forced on each held-out target n (37, 39, ..., 63): the "
+        "prompt, then the list ' 4, 5, ..., n+8'; after the last token of each number k in n-8 .. n+8, the "
+        "log-odds of the stop tokens (the tokenizer's and the generation config's eos) as the next token. Per "
+        "target: early = mean over k = n-8 .. n-1, at = k = n, past = mean over k = n+1 .. n+8; each the mean over "
+        "the targets; the change is after less before",
+        "advantages": "on the step's batch: the share of sum |A| over the completion tokens that falls on tokens past "
+        "n, on stop tokens (a completion's last token where it is a stop token) and on the rest; the signed sum of A "
+        "over stop tokens at n (reward 1) and elsewhere; the mean A over tokens past n",
+    },
+    "predictions": {
+        "P1": "mean over seeds of the change in stop log-odds at n: grpo_N4's is above 0, and each OTB arm's is below "
+        "grpo_N4's (the pilot's first step, replicated)",
+        "P2": "mean over seeds of the share of sum |A| past n: grpo_N4's is at least 5 times each OTB arm's",
+        "P3": "mean over seeds: grpo_no_past_n's change in stop log-odds at n is at most half of grpo_N4's (the "
+        "ablation removes at least half of GRPO's push to stop at n)",
+    },
+    "reading": "H is supported if P1, P2 and P3 all hold. If P1 and P2 hold and P3 fails, the tokens past n are not "
+    "where GRPO's first step gets its push to stop, and H is rejected. If P1 fails, the first step does not show the "
+    "pilot's split, and the mechanism is to be looked for in later steps. Each seed's values are reported beside the "
+    "means, with how many seeds agree in sign",
+}
+
+QUICK = {
+    "model": "tiny",
+    "seeds": [2],  # a seed whose batch has a reward that differs (most of the tiny model's batches tie)
+    "train_targets": [3],  # the prefix reaches 3: a completion scores 1 without a digit and 0.5 with one
+    "held_out_targets": [12],
+    "max_completion_length": 16,
+    "learning_rate": 1e-3,
+}
+ARMS = {"otb_default": "otb_default", "otb_ref": "otb_ref", "grpo_N4": "grpo_N4", "grpo_no_past_n": "grpo_N4"}
+"""Each arm's configuration in the real-model study's design."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measurements
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def stop_ids(model, tok) -> list[int]:
+    """The tokens that end a completion: the tokenizer's eos and the generation config's."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return sorted({*ids, tok.eos_token_id})
+
+
+def stop_log_odds(model, tok, targets: list[int], window: int = WINDOW) -> dict:
+    """Per held-out target n, the log-odds of stopping right after each number k = n - window .. n + window of the
+    correct list, teacher-forced: ``{n: {k: log(p / (1 - p))}}`` with p the summed probability of the stop tokens.
+    Numbers below 4 are in the prefix and left out."""
+    import torch
+
+    stops = stop_ids(model, tok)
+    out = {}
+    was_training = model.training
+    model.eval()
+    for n in targets:
+        ks = [k for k in range(n - window, n + window + 1) if k >= 4]
+        prompt = prompt_text(tok, n)
+        text, ends = prompt, []
+        for k in range(4, ks[-1] + 1):
+            text += f" {k}"
+            ends.append((k, text))
+            text += ","
+        full = tok(ends[-1][1], add_special_tokens=False)["input_ids"]
+        positions = {}
+        for k, upto in ends:
+            if k in ks:
+                ids = tok(upto, add_special_tokens=False)["input_ids"]
+                assert full[: len(ids)] == ids, f"the list's tokens after {k} are not a prefix of the whole list's"
+                positions[k] = len(ids) - 1
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([full])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        values = {}
+        for k, pos in positions.items():
+            p_stop = torch.logsumexp(logp[pos, stops], dim=0)
+            values[k] = float(p_stop - torch.log1p(-p_stop.exp().clamp(max=1 - 1e-7)))
+        out[n] = values
+    model.train(was_training)
+    return out
+
+
+def windows(log_odds: dict) -> dict:
+    """early (k < n), at (k = n) and past (k > n): each the mean over the targets of its per-target mean."""
+    parts = {"early": [], "at": [], "past": []}
+    for n, values in log_odds.items():
+        n = int(n)
+        parts["early"].append(statistics.fmean(v for k, v in values.items() if int(k) < n))
+        parts["at"].append(values[n] if n in values else values[str(n)])
+        parts["past"].append(statistics.fmean(v for k, v in values.items() if int(k) > n))
+    return {name: statistics.fmean(v) for name, v in parts.items()}
+
+
+def past_n_start(ids: list[int], n: int, decode) -> int | None:
+    """The index of the completion token that completes n in the run 1, 2, ..., n (COUNT_PREFIX holds 1 to 3), or
+    None where the run never reaches n. The run reaches n exactly where count_reward is at least 0.5: below n it is
+    (run / n) halved, or not halved only for a run that reaches n."""
+    for t in range(len(ids)):
+        if count_reward(COUNT_PREFIX + decode(ids[: t + 1]), n) >= 0.5:
+            return t
+    return None
+
+
+def token_classes(batch: dict, ns: list[int], stops: list[int], decode):
+    """Boolean ``[B, T]`` masks of the batch's completion tokens: ``stop`` (a completion's last token where it is a
+    stop token), ``past`` (after the token that completes n, the stop token excepted) and ``rest``; and each row's
+    reward."""
+    import torch
+
+    ids, mask = batch["completion_ids"], batch["completion_mask"].bool()
+    stop, past = torch.zeros_like(mask), torch.zeros_like(mask)
+    rewards = []
+    for i, n in enumerate(ns):
+        row = ids[i][mask[i]].tolist()
+        length = len(row)
+        if length and row[-1] in stops:
+            stop[i, length - 1] = True
+        start = past_n_start([t for t in row if t not in stops], n, decode)
+        if start is not None:
+            past[i, start + 1 : length] = True
+        rewards.append(count_task_reward([decode([t for t in row if t not in stops])], [n])[0])
+    past &= ~stop & mask
+    return {"stop": stop, "past": past, "rest": mask & ~stop & ~past}, rewards
+
+
+def advantage_allocation(advantages, classes: dict, rewards: list[float]) -> dict:
+    """Where the batch's advantages lie: each class's share of sum |A|, the signed sums over stop tokens at n (reward
+    1) and elsewhere, and the mean A over tokens past n."""
+    import torch
+
+    a = advantages.float()
+    total = sum(float(a[m].abs().sum()) for m in classes.values())
+    correct = torch.tensor([r == 1.0 for r in rewards])[:, None] & classes["stop"]
+    past = classes["past"]
+    return {
+        **{f"share_{name}": (float(a[m].abs().sum()) / total if total else 0.0) for name, m in classes.items()},
+        "stop_at_n_sum": float(a[correct].sum()),
+        "stop_elsewhere_sum": float(a[classes["stop"] & ~correct].sum()),
+        "past_mean": float(a[past].mean()) if past.any() else 0.0,
+        "tokens": {name: int(m.sum()) for name, m in classes.items()},
+        "abs_sum": total,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def run_one(job: dict) -> dict:
+    """One step of one arm from the pretrained policy: the batch's advantages by class and the stop log-odds before
+    and after."""
+    import torch
+
+    from benchmarks.real_model_study import make_trainer
+    from trl_otb import OTBTrainer
+
+    torch.set_num_threads(job["threads"])
+    model, tok = load_policy(job["model"])
+    stops = stop_ids(model, tok)
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    before = stop_log_odds(model, tok, job["task"]["held_out_targets"])
+    record = {}
+
+    class StepOne(OTBTrainer):
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            ns = [int(x["n"]) for x in inputs]
+            classes, rewards = token_classes(batch, ns, stops, decode)
+            if job["arm"] == "grpo_no_past_n":
+                batch["advantages"] = batch["advantages"] * (~classes["past"]).to(batch["advantages"].dtype)
+            record.update(
+                completion_ids=batch["completion_ids"].tolist(),
+                rewards=rewards,
+                lengths=batch["completion_mask"].sum(1).tolist(),
+                allocation=advantage_allocation(batch["advantages"], classes, rewards),
+            )
+            return batch
+
+    trainer = make_trainer(job, model, tok, count_task_reward, max_steps=1, trainer_class=StepOne)
+    weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+    trainer.train()
+    moved = sum(float((v - weights[k]).abs().sum()) for k, v in model.named_parameters())
+    after = stop_log_odds(model, tok, job["task"]["held_out_targets"])
+    logs = [e for e in trainer.state.log_history if "grad_norm" in e]
+    return {
+        **{k: job[k] for k in ("arm", "seed", "learning_rate")},
+        "config_arm": ARMS[job["arm"]],
+        "weights_moved": moved,
+        "grad_norm": logs[0]["grad_norm"] if logs else None,
+        "before": before,
+        "after": after,
+        "change": {k: windows(after)[k] - windows(before)[k] for k in ("early", "at", "past")},
+        **record,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The analysis
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def summarize(runs: list[dict]) -> dict:
+    """The pre-registered analysis over the seeds where every arm finished."""
+    by_seed = {}
+    for run in runs:
+        by_seed.setdefault(run["seed"], {})[run["arm"]] = run
+    seeds = sorted(s for s, arms in by_seed.items() if set(arms) == set(ARMS))
+    for s in seeds:
+        first = by_seed[s]["grpo_N4"]["completion_ids"]
+        same = all(by_seed[s][a]["completion_ids"] == first for a in ARMS)
+        assert same, f"seed {s}: the arms trained on different batches, so they cannot be compared"
+    arms = {}
+    for arm in ARMS:
+        rows = [by_seed[s][arm] for s in seeds]
+        arms[arm] = {
+            "change": {k: statistics.fmean(r["change"][k] for r in rows) for k in ("early", "at", "past")}
+            if rows
+            else {},
+            "change_per_seed": {k: [r["change"][k] for r in rows] for k in ("early", "at", "past")},
+            "share_past": statistics.fmean(r["allocation"]["share_past"] for r in rows) if rows else None,
+            "share_stop": statistics.fmean(r["allocation"]["share_stop"] for r in rows) if rows else None,
+            "grad_norm_median": statistics.median(r["grad_norm"] for r in rows) if rows else None,
+            "moved": all(r["weights_moved"] > 0 for r in rows),
+        }
+    return {"seeds": seeds, "arms": arms, "predictions": predictions(arms) if len(seeds) >= 1 else {}}
+
+
+def predictions(arms: dict) -> dict:
+    """P1, P2, P3 as pre-registered, each held or not, and the reading."""
+    at = {a: arms[a]["change"]["at"] for a in ARMS}
+    share = {a: arms[a]["share_past"] for a in ARMS}
+    p1 = at["grpo_N4"] > 0 and at["otb_default"] < at["grpo_N4"] and at["otb_ref"] < at["grpo_N4"]
+    p2 = all(share["grpo_N4"] >= 5 * share[a] for a in ("otb_default", "otb_ref"))
+    p3 = at["grpo_no_past_n"] <= 0.5 * at["grpo_N4"]
+    if p1 and p2 and p3:
+        reading = "H supported"
+    elif not p1:
+        reading = "the first step does not show the pilot's split: look in later steps"
+    elif not p3:
+        reading = "H rejected: the tokens past n are not where GRPO's first step gets its push to stop"
+    else:
+        reading = "not decided: P2 failed (OTB's advantages past n are not small against GRPO's)"
+    return {"P1": p1, "P2": p2, "P3": p3, "reading": reading}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def jobs(args) -> list[dict]:
+    design = DESIGNS["reach"]
+    task = dict(design["task"])
+    lr = PREREGISTRATION["design"]["learning_rate"]
+    if args.quick:
+        task.update({k: QUICK[k] for k in ("train_targets", "held_out_targets", "max_completion_length")})
+        lr = QUICK["learning_rate"]
+    out = []
+    for seed in args.seeds:
+        for arm, config_arm in ARMS.items():
+            if not (args.out / FOLDER / f"{arm}-s{seed}.json").exists():
+                out.append(
+                    dict(
+                        design="reach",
+                        cell="mechanism",
+                        arm=arm,
+                        config_arm=config_arm,
+                        seed=seed,
+                        learning_rate=lr,
+                        task=task,
+                        model=QUICK["model"] if args.quick else "embedded",
+                        threads=args.threads,
+                        workdir=str(args.workdir),
+                    )
+                )
+    return out
+
+
+def main(argv=None):
+    import tempfile
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.real_model_mechanism", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="the tiny model, 1 seed (the tests)")
+    parser.add_argument("--summary", action="store_true", help="only the summary from the finished runs")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or (QUICK["seeds"] if args.quick else PREREGISTRATION["design"]["seeds"])
+    with tempfile.TemporaryDirectory() as workdir:
+        args.workdir = workdir
+        todo = [] if args.summary else jobs(args)
+        print(f"{len(todo)} runs to do", flush=True)
+        for job in todo:
+            write_json(args.out / FOLDER / f"{job['arm']}-s{job['seed']}.json", run_one(job))
+            print(f"done {job['arm']} seed {job['seed']}", flush=True)
+    runs = [json.loads(p.read_text()) for p in sorted((args.out / FOLDER).glob("*.json"))]
+    summary = {"meta": {"command": command(__file__, argv), "quick": args.quick}, "preregistration": PREREGISTRATION}
+    summary |= summarize(runs)
+    write_json(args.out / SUMMARY, summary)
+    print(json.dumps({k: summary[k] for k in ("seeds", "predictions")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

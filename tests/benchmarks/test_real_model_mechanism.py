@@ -1,0 +1,110 @@
+"""benchmarks/real_model_mechanism.py: the quick mode trains its four arms one step on one batch and resumes; the
+ablation removes the advantages past n; the token classes, the allocation, the stop windows and the pre-registered
+predictions on hand-made inputs. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import real_model_mechanism as mech
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.real_model_mechanism", "--quick", "--out", str(tmp_path)]
+    first = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    assert "4 runs to do" in first.stdout
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / mech.FOLDER).glob("*.json")}
+    assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in mech.ARMS)
+    grpo, ablated = runs["grpo_N4-s2"], runs["grpo_no_past_n-s2"]
+    assert len(set(grpo["rewards"])) > 1, "precondition failed: the batch's rewards tie, so no arm has a gradient"
+    for name, run in runs.items():
+        assert run["weights_moved"] > 0, f"{name}: the step moved no parameter"
+        assert run["completion_ids"] == grpo["completion_ids"], f"{name}: another batch"
+    assert grpo["allocation"]["share_past"] > 0 and grpo["allocation"]["tokens"]["past"] > 0
+    assert ablated["allocation"]["share_past"] == 0.0, "the ablation left advantages past n"
+    assert ablated["change"] != grpo["change"], "the ablation changed nothing the step did"
+    summary = json.loads((tmp_path / mech.SUMMARY).read_text())
+    assert summary["seeds"] == [2] and set(summary["predictions"]) == {"P1", "P2", "P3", "reading"}
+    assert summary["preregistration"] == json.loads(json.dumps(mech.PREREGISTRATION))
+    again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    assert "0 runs to do" in again.stdout
+
+
+CHARS = {i: c for i, c in enumerate(" 0123456789,X")}  # a token per character; 12 (X) is the stop token
+
+
+def _ids(text: str) -> list[int]:
+    inverse = {c: i for i, c in CHARS.items()}
+    return [inverse[c] for c in text]
+
+
+def _decode(ids):
+    return "".join(CHARS[i] for i in ids if i != 12)
+
+
+def test_past_n_starts_at_the_token_that_completes_n():
+    assert mech.past_n_start(_ids(" 4, 5, 6"), 6, _decode) == 7  # COUNT_PREFIX holds 1, 2, 3
+    assert mech.past_n_start(_ids(" 4, 5, 6, 7, 8"), 6, _decode) == 7
+    assert mech.past_n_start(_ids(" 4, 5"), 6, _decode) is None  # stopped early
+    assert mech.past_n_start(_ids(" 4, 5, 7, 8"), 6, _decode) is None  # an error before n
+    assert mech.past_n_start(_ids(" 4, 5, 6, 7, 8, 9, 10, 11, 12"), 12, _decode) == 28  # "12" ends at its "2"
+
+
+def test_token_classes_and_the_allocation_by_hand():
+    rows = [" 4, 5, 6X", " 4, 5, 6, 7", " 4, 5X"]
+    ids = [_ids(r) for r in rows]
+    T = max(map(len, ids))
+    batch = {
+        "completion_ids": torch.tensor([r + [0] * (T - len(r)) for r in ids]),
+        "completion_mask": torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in ids]),
+    }
+    classes, rewards = mech.token_classes(batch, [6, 6, 6], [12], _decode)
+    assert rewards == pytest.approx([1.0, 0.5, 5 / 12])  # stopped at n; counted on past n; stopped early at 5 of 6
+    assert classes["stop"].nonzero().tolist() == [[0, 8], [2, 5]]
+    assert classes["past"].nonzero().tolist() == [[1, 8], [1, 9], [1, 10]]  # ", 7" after the "6" of row 1
+    valid = batch["completion_mask"].bool()
+    assert torch.equal(classes["stop"] | classes["past"] | classes["rest"], valid)
+    assert not (classes["stop"] & classes["past"]).any()
+
+    advantages = torch.zeros(3, T)
+    advantages[0, 8] = 0.5  # the stop at n
+    advantages[2, 5] = -0.25  # the early stop
+    advantages[1, 8:11] = -0.25  # counting on past n
+    advantages[1, 0] = 1.0  # a token before n
+    got = mech.advantage_allocation(advantages, classes, rewards)
+    total = 0.5 + 0.25 + 0.75 + 1.0
+    assert got["abs_sum"] == pytest.approx(total)
+    assert got["share_stop"] == pytest.approx(0.75 / total)
+    assert got["share_past"] == pytest.approx(0.75 / total)
+    assert got["share_rest"] == pytest.approx(1.0 / total)
+    assert got["stop_at_n_sum"] == pytest.approx(0.5) and got["stop_elsewhere_sum"] == pytest.approx(-0.25)
+    assert got["past_mean"] == pytest.approx(-0.25)
+
+
+def test_windows_average_each_target_before_the_targets():
+    log_odds = {"10": {"8": 0.0, "9": 2.0, "10": 3.0, "11": 4.0}, "20": {"19": 6.0, "20": 1.0, "21": 2.0, "22": 4.0}}
+    assert mech.windows(log_odds) == {"early": 3.5, "at": 2.0, "past": 3.5}
+
+
+def _arms(at: dict, share: dict) -> dict:
+    return {a: {"change": {"at": at[a]}, "share_past": share[a]} for a in mech.ARMS}
+
+
+def test_the_predictions_and_their_reading():
+    share = {"otb_default": 0.01, "otb_ref": 0.02, "grpo_N4": 0.5, "grpo_no_past_n": 0.0}
+    at = {"otb_default": -1.0, "otb_ref": -0.5, "grpo_N4": 2.0, "grpo_no_past_n": 0.3}
+    assert mech.predictions(_arms(at, share)) == {"P1": True, "P2": True, "P3": True, "reading": "H supported"}
+    got = mech.predictions(_arms({**at, "grpo_no_past_n": 1.5}, share))
+    assert (got["P3"], got["reading"].startswith("H rejected")) == (False, True)
+    got = mech.predictions(_arms({**at, "grpo_N4": -0.1}, share))
+    assert got["P1"] is False and "later steps" in got["reading"]
+    got = mech.predictions(_arms(at, {**share, "otb_ref": 0.2}))
+    assert got["P2"] is False and got["reading"].startswith("not decided")
