@@ -329,24 +329,14 @@ def jobs(args) -> list[dict]:
     if args.quick:
         task.update({k: QUICK[k] for k in ("train_targets", "held_out_targets", "max_completion_length")})
         lr = QUICK["learning_rate"]
+    model = QUICK["model"] if args.quick else "embedded"
+    common = dict(design="reach", cell="mechanism", learning_rate=lr, task=task, model=model, threads=args.threads)
+    common["workdir"] = str(args.workdir)
     out = []
     for seed in args.seeds:
         for arm, config_arm in ARMS.items():
             if not (args.out / FOLDER / f"{arm}-s{seed}.json").exists():
-                out.append(
-                    dict(
-                        design="reach",
-                        cell="mechanism",
-                        arm=arm,
-                        config_arm=config_arm,
-                        seed=seed,
-                        learning_rate=lr,
-                        task=task,
-                        model=QUICK["model"] if args.quick else "embedded",
-                        threads=args.threads,
-                        workdir=str(args.workdir),
-                    )
-                )
+                out.append({**common, "arm": arm, "config_arm": config_arm, "seed": seed})
     return out
 
 
