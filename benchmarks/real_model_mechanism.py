@@ -294,9 +294,12 @@ def summarize(runs: list[dict]) -> dict:
             "share_past": statistics.fmean(r["allocation"]["share_past"] for r in rows) if rows else None,
             "share_stop": statistics.fmean(r["allocation"]["share_stop"] for r in rows) if rows else None,
             "grad_norm_median": statistics.median(r["grad_norm"] for r in rows) if rows else None,
+            "weights_moved_median": statistics.median(r["weights_moved"] for r in rows) if rows else None,
             "moved": all(r["weights_moved"] > 0 for r in rows),
         }
-    return {"seeds": seeds, "arms": arms, "predictions": predictions(arms) if len(seeds) >= 1 else {}}
+    pretrained = [windows(by_seed[s]["grpo_N4"]["before"]) for s in seeds]
+    before = {k: statistics.fmean(w[k] for w in pretrained) for k in ("early", "at", "past")} if seeds else {}
+    return {"seeds": seeds, "before": before, "arms": arms, "predictions": predictions(arms) if seeds else {}}
 
 
 def predictions(arms: dict) -> dict:

@@ -46,6 +46,7 @@ from benchmarks.report.training import (
     efficiency_table,
     real_model_cells,
     real_model_far_pilot,
+    real_model_mechanism,
     real_model_reach,
     real_model_signal,
     real_model_steps,
@@ -136,6 +137,7 @@ BLOCKS = {
     "real-model-far-pilot": real_model_far_pilot,
     "real-model-reach": real_model_reach,
     "real-model-cells": real_model_cells,
+    "real-model-mechanism": real_model_mechanism,
 }
 
 

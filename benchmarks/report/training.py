@@ -367,3 +367,31 @@ def real_model_cells(ctx: Context, stem: str) -> str:
         pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
         lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"
+
+
+def real_model_mechanism(ctx: Context, stem: str) -> str:
+    """The first-step mechanism study: per arm, the change one step made to the stop log-odds (teacher-forced on the
+    held-out targets) before n, at n and past n, how many seeds raised it at n, where the batch's advantages lie,
+    the gradient norm and how far the weights moved; then the pretrained log-odds and the pre-registered
+    predictions."""
+    data = ctx.load(stem)
+    header = ["arm", "seeds", "change before n", "change at n", "change past n", "seeds raising it at n"]
+    header += ["share of sum abs(A) past n", "on stop tokens", "median grad norm", "median L1 movement"]
+    rows = []
+    for arm, a in data["arms"].items():
+        at = a["change_per_seed"]["at"]
+        rows.append(
+            [arm, str(len(at))]
+            + [f"{a['change'][k]:+.2f}" for k in ("early", "at", "past")]
+            + [f"{sum(x > 0 for x in at)}/{len(at)}", f"{a['share_past']:.3f}", f"{a['share_stop']:.3f}"]
+            + [f"{a['grad_norm_median']:.3f}", f"{a['weights_moved_median']:.0f}"]
+        )
+    lines = markdown_table(header, ["---", *["---:"] * 9], rows)
+    b, p = data["before"], data["predictions"]
+    lines += [
+        "",
+        f"Pretrained stop log-odds: before n {b['early']:.2f}, at n {b['at']:.2f}, past n {b['past']:.2f}. "
+        + " ".join(f"{k}: {'held' if p[k] else 'failed'}." for k in ("P1", "P2", "P3"))
+        + f" Reading: {p['reading']}.",
+    ]
+    return "\n".join(lines) + f"\n\n({ctx.link(stem)})"

@@ -1,6 +1,6 @@
-"""benchmarks/real_model_mechanism.py: the quick mode trains its four arms one step on one batch and resumes; the
-ablation removes the advantages past n; the token classes, the allocation, the stop windows and the pre-registered
-predictions on hand-made inputs. No timing is asserted."""
+"""benchmarks/real_model_mechanism.py: the quick mode trains its four arms one step on one batch, resumes and renders
+its report block; the ablation removes the advantages past n; the token classes, the allocation, the stop windows and
+the pre-registered predictions on hand-made inputs. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from benchmarks import real_model_mechanism as mech
+from benchmarks.report.tables import Context
+from benchmarks.report.training import real_model_mechanism
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +36,9 @@ def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path)
     summary = json.loads((tmp_path / mech.SUMMARY).read_text())
     assert summary["seeds"] == [2] and set(summary["predictions"]) == {"P1", "P2", "P3", "reading"}
     assert summary["preregistration"] == json.loads(json.dumps(mech.PREREGISTRATION))
+    assert summary["arms"]["grpo_N4"]["weights_moved_median"] > 0 and set(summary["before"]) == {"early", "at", "past"}
+    block = real_model_mechanism(Context(results=tmp_path), "real_model_mechanism")
+    assert all(f"| {arm} | 1 |" in block for arm in mech.ARMS) and "Reading: " in block
     again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "0 runs to do" in again.stdout
 
