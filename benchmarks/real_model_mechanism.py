@@ -15,6 +15,7 @@ is not run again. Everything that decides the answer is in ``PREREGISTRATION``, 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 from pathlib import Path
@@ -363,6 +364,7 @@ def main(argv=None):
         for job in todo:
             write_json(args.out / FOLDER / f"{job['arm']}-s{job['seed']}.json", run_one(job))
             print(f"done {job['arm']} seed {job['seed']}", flush=True)
+            gc.collect()  # each run holds a model, a trainer and Adam's state: free them before the next
     runs = [json.loads(p.read_text()) for p in sorted((args.out / FOLDER).glob("*.json"))]
     summary = {"meta": {"command": command(__file__, argv), "quick": args.quick}, "preregistration": PREREGISTRATION}
     summary |= summarize(runs)
