@@ -90,6 +90,32 @@ PREREGISTRATION = {
     "means, with how many seeds agree in sign",
 }
 
+AMENDMENT_PILOT_BATCH = {
+    "committed": "after the runs of seeds 203 and 204 (5bef512) and before any run of seed 100 here; it adds to the "
+    "pre-registration above and changes none of it",
+    "why": "the finding above says the OTB arms settled 'at the first evaluation'. The pilot's per-step record "
+    "(reach_pilot_lr1e-05, seed 100) shows when and on what: at step 1 no completion stopped at n (mean reward "
+    "0.472, half the groups tied), so the step's only signal was a completion that stopped early scoring below "
+    "those that counted on; from step 2 every OTB completion ran to the 256-token limit and every group tied, so "
+    "no gradient followed, while 0.62 of GRPO's step-2 completions reached the limit. Seeds 200-205 draw batches "
+    "in which completions do stop at n (3 in seed 203's, 2 in seed 204's), which tests H but not the pilot's "
+    "situation. This amendment adds the pilot's own first batch",
+    "seed": 100,
+    "seed_why": "the pilot's seed: the trainer's seed fixes the step's prompts and sampling, so each arm's step is "
+    "the pilot's step 1 at 1e-5; the summary shows the pilot's logged step-1 reward and gradient norm beside this "
+    "run's, as the check that the batch is the same. Its runs are analysed apart from seeds 200-205",
+    "predictions": {
+        "P4": "each OTB arm's change in stop log-odds before n is below 0 and below grpo_N4's (the pilot's step 2: "
+        "every OTB completion counted on to the limit, GRPO's did in 0.62)",
+        "P5": "each OTB arm's change in stop log-odds at n is below grpo_N4's",
+    },
+    "reading": "if P4 holds, the settling is decided by the first step, on a batch whose one signal is an early "
+    "stop: OTB's first step lowers stopping where GRPO's lowers it less or not at all. The allocation of the "
+    "batch's advantages is read beside it, as description",
+}
+PILOT_RUNS = "real_model_study/reach_pilot_lr1e-05"
+"""The pilot runs at 1e-5, whose step 1 the amendment's seed repeats."""
+
 QUICK = {
     "model": "tiny",
     "seeds": [2],  # a seed whose batch has a reward that differs (most of the tiny model's batches tie)
@@ -274,12 +300,14 @@ def run_one(job: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def summarize(runs: list[dict]) -> dict:
-    """The pre-registered analysis over the seeds where every arm finished."""
+def summarize(runs: list[dict], seeds_of_design=None) -> dict:
+    """The pre-registered analysis over the seeds of the design (default: PREREGISTRATION's) where every arm
+    finished."""
+    seeds_of_design = PREREGISTRATION["design"]["seeds"] if seeds_of_design is None else seeds_of_design
     by_seed = {}
     for run in runs:
         by_seed.setdefault(run["seed"], {})[run["arm"]] = run
-    seeds = sorted(s for s, arms in by_seed.items() if set(arms) == set(ARMS))
+    seeds = sorted(s for s, arms in by_seed.items() if set(arms) == set(ARMS) and s in seeds_of_design)
     for s in seeds:
         first = by_seed[s]["grpo_N4"]["completion_ids"]
         same = all(by_seed[s][a]["completion_ids"] == first for a in ARMS)
@@ -301,6 +329,40 @@ def summarize(runs: list[dict]) -> dict:
     pretrained = [windows(by_seed[s]["grpo_N4"]["before"]) for s in seeds]
     before = {k: statistics.fmean(w[k] for w in pretrained) for k in ("early", "at", "past")} if seeds else {}
     return {"seeds": seeds, "before": before, "arms": arms, "predictions": predictions(arms) if seeds else {}}
+
+
+def pilot_batch(runs: list[dict], results: Path) -> dict | None:
+    """The amendment: seed 100's four arms (the pilot's first batch), each arm's change, allocation and gradient
+    norm, the pilot's logged step 1 beside it, and P4 and P5; None before all four have run."""
+    found = {r["arm"]: r for r in runs if r["seed"] == AMENDMENT_PILOT_BATCH["seed"]}
+    if set(found) != set(ARMS):
+        return None
+    first = found["grpo_N4"]["completion_ids"]
+    assert all(r["completion_ids"] == first for r in found.values()), "seed 100: the arms trained on other batches"
+    arms = {}
+    for arm, r in found.items():
+        pilot = results / PILOT_RUNS / f"{ARMS[arm]}-s{AMENDMENT_PILOT_BATCH['seed']}.json"
+        step = json.loads(pilot.read_text())["steps"][0] if pilot.exists() else {}
+        arms[arm] = {
+            "change": r["change"],
+            "share_past": r["allocation"]["share_past"],
+            "share_stop": r["allocation"]["share_stop"],
+            "grad_norm": r["grad_norm"],
+            "reward_mean": statistics.fmean(r["rewards"]),
+            "pilot_grad_norm": step.get("grad_norm"),
+            "pilot_reward_mean": step.get("reward"),
+        }
+    early = {a: arms[a]["change"]["early"] for a in ARMS}
+    at = {a: arms[a]["change"]["at"] for a in ARMS}
+    otb = ("otb_default", "otb_ref")
+    p4 = all(early[a] < 0 and early[a] < early["grpo_N4"] for a in otb)
+    p5 = all(at[a] < at["grpo_N4"] for a in otb)
+    reading = "the settling is decided by the first step" if p4 else "the first step does not lower OTB's stopping"
+    return {
+        "seed": AMENDMENT_PILOT_BATCH["seed"],
+        "arms": arms,
+        "predictions": {"P4": p4, "P5": p5, "reading": reading},
+    }
 
 
 def predictions(arms: dict) -> dict:
@@ -356,7 +418,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    args.seeds = args.seeds or (QUICK["seeds"] if args.quick else PREREGISTRATION["design"]["seeds"])
+    design_seeds = PREREGISTRATION["design"]["seeds"] + [AMENDMENT_PILOT_BATCH["seed"]]
+    args.seeds = args.seeds or (QUICK["seeds"] if args.quick else design_seeds)
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
         todo = [] if args.summary else jobs(args)
@@ -367,7 +430,9 @@ def main(argv=None):
             gc.collect()  # each run holds a model, a trainer and Adam's state: free them before the next
     runs = [json.loads(p.read_text()) for p in sorted((args.out / FOLDER).glob("*.json"))]
     summary = {"meta": {"command": command(__file__, argv), "quick": args.quick}, "preregistration": PREREGISTRATION}
-    summary |= summarize(runs)
+    summary["amendment"] = AMENDMENT_PILOT_BATCH
+    summary |= summarize(runs, QUICK["seeds"] if args.quick else None)
+    summary["pilot_batch"] = pilot_batch(runs, args.out)
     write_json(args.out / SUMMARY, summary)
     print(json.dumps({k: summary[k] for k in ("seeds", "predictions")}, indent=1))
 

@@ -394,4 +394,22 @@ def real_model_mechanism(ctx: Context, stem: str) -> str:
         + " ".join(f"{k}: {'held' if p[k] else 'failed'}." for k in ("P1", "P2", "P3"))
         + f" Reading: {p['reading']}.",
     ]
+    batch = data.get("pilot_batch")
+    if batch:  # the amendment: the pilot's own first batch (seed 100)
+        header = ["arm (seed 100)", "change before n", "change at n", "change past n", "share past n"]
+        header += ["on stop tokens", "grad norm (pilot's)", "mean reward (pilot's)"]
+        rows = []
+        for arm, a in batch["arms"].items():
+            pilot_norm = "-" if a["pilot_grad_norm"] is None else f"{a['pilot_grad_norm']:.3f}"
+            pilot_reward = "-" if a["pilot_reward_mean"] is None else f"{a['pilot_reward_mean']:.3f}"
+            rows.append(
+                [arm, *(f"{a['change'][k]:+.2f}" for k in ("early", "at", "past"))]
+                + [f"{a['share_past']:.3f}", f"{a['share_stop']:.3f}"]
+                + [f"{a['grad_norm']:.3f} ({pilot_norm})", f"{a['reward_mean']:.3f} ({pilot_reward})"]
+            )
+        q = batch["predictions"]
+        lines += ["", *markdown_table(header, ["---", *["---:"] * 7], rows), ""]
+        lines.append(
+            " ".join(f"{k}: {'held' if q[k] else 'failed'}." for k in ("P4", "P5")) + f" Reading: {q['reading']}."
+        )
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"

@@ -113,3 +113,29 @@ def test_the_predictions_and_their_reading():
     assert got["P1"] is False and "later steps" in got["reading"]
     got = mech.predictions(_arms(at, {**share, "otb_ref": 0.2}))
     assert got["P2"] is False and got["reading"].startswith("not decided")
+
+
+def _run(arm: str, seed: int, change: dict, ids=((1, 2),)) -> dict:
+    allocation = {"share_past": 0.1, "share_stop": 0.01}
+    run = dict(arm=arm, seed=seed, change=change, allocation=allocation, grad_norm=0.5, rewards=[0.5, 0.25])
+    return run | {"completion_ids": [list(r) for r in ids], "weights_moved": 1.0, "before": {}}
+
+
+def test_the_amendment_reads_seed_100_apart_with_the_pilots_first_step_beside_it(tmp_path):
+    """seed 100's runs are the amendment's (P4, P5), not part of the design's seeds; the pilot's logged step 1 is
+    shown beside each arm; a batch that differs between arms is refused."""
+    pilot = tmp_path / mech.PILOT_RUNS
+    pilot.mkdir(parents=True)
+    for arm in ("otb_default", "otb_ref", "grpo_N4"):
+        (pilot / f"{arm}-s100.json").write_text(json.dumps({"steps": [{"grad_norm": 0.02, "reward": 0.472}]}))
+    down = {"early": -1.0, "at": -0.5, "past": -1.0}
+    runs = [_run(a, 100, down if a.startswith("otb") else {"early": 0.2, "at": 0.3, "past": 0.1}) for a in mech.ARMS]
+    assert mech.summarize(runs)["seeds"] == []  # seed 100 is not one of the design's seeds
+    got = mech.pilot_batch(runs, tmp_path)
+    assert got["predictions"] == {"P4": True, "P5": True, "reading": "the settling is decided by the first step"}
+    assert got["arms"]["grpo_no_past_n"]["pilot_grad_norm"] == 0.02  # the ablation shows grpo_N4's pilot step
+    assert got["arms"]["otb_ref"]["reward_mean"] == 0.375
+    assert mech.pilot_batch(runs[:3], tmp_path) is None  # not all four arms yet
+    runs[0]["completion_ids"] = [[9]]
+    with pytest.raises(AssertionError, match="other batches"):
+        mech.pilot_batch(runs, tmp_path)
