@@ -27,6 +27,8 @@ from benchmarks.variance.sampling import COUNT_PREFIX, count_reward
 
 FOLDER = "real_model_mechanism"
 SUMMARY = "real_model_mechanism.json"
+QUICK_FOLDER, QUICK_SUMMARY = "real_model_mechanism_quick", "real_model_mechanism_quick.json"
+"""--quick writes beside the study's results, never over them."""
 WINDOW = 8
 
 PREREGISTRATION = {
@@ -401,7 +403,7 @@ def jobs(args) -> list[dict]:
     out = []
     for seed in args.seeds:
         for arm, config_arm in ARMS.items():
-            if not (args.out / FOLDER / f"{arm}-s{seed}.json").exists():
+            if not (args.out / args.folder / f"{arm}-s{seed}.json").exists():
                 out.append({**common, "arm": arm, "config_arm": config_arm, "seed": seed})
     return out
 
@@ -418,6 +420,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
+    args.folder = QUICK_FOLDER if args.quick else FOLDER
     design_seeds = PREREGISTRATION["design"]["seeds"] + [AMENDMENT_PILOT_BATCH["seed"]]
     args.seeds = args.seeds or (QUICK["seeds"] if args.quick else design_seeds)
     with tempfile.TemporaryDirectory() as workdir:
@@ -425,15 +428,15 @@ def main(argv=None):
         todo = [] if args.summary else jobs(args)
         print(f"{len(todo)} runs to do", flush=True)
         for job in todo:
-            write_json(args.out / FOLDER / f"{job['arm']}-s{job['seed']}.json", run_one(job))
+            write_json(args.out / args.folder / f"{job['arm']}-s{job['seed']}.json", run_one(job))
             print(f"done {job['arm']} seed {job['seed']}", flush=True)
             gc.collect()  # each run holds a model, a trainer and Adam's state: free them before the next
-    runs = [json.loads(p.read_text()) for p in sorted((args.out / FOLDER).glob("*.json"))]
+    runs = [json.loads(p.read_text()) for p in sorted((args.out / args.folder).glob("*.json"))]
     summary = {"meta": {"command": command(__file__, argv), "quick": args.quick}, "preregistration": PREREGISTRATION}
     summary["amendment"] = AMENDMENT_PILOT_BATCH
     summary |= summarize(runs, QUICK["seeds"] if args.quick else None)
     summary["pilot_batch"] = pilot_batch(runs, args.out)
-    write_json(args.out / SUMMARY, summary)
+    write_json(args.out / (QUICK_SUMMARY if args.quick else SUMMARY), summary)
     print(json.dumps({k: summary[k] for k in ("seeds", "predictions")}, indent=1))
 
 

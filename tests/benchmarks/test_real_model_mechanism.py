@@ -23,7 +23,7 @@ def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path)
     command = [sys.executable, "-m", "benchmarks.real_model_mechanism", "--quick", "--out", str(tmp_path)]
     first = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "4 runs to do" in first.stdout
-    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / mech.FOLDER).glob("*.json")}
+    runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / mech.QUICK_FOLDER).glob("*.json")}
     assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in mech.ARMS)
     grpo, ablated = runs["grpo_N4-s2"], runs["grpo_no_past_n-s2"]
     assert len(set(grpo["rewards"])) > 1, "precondition failed: the batch's rewards tie, so no arm has a gradient"
@@ -33,11 +33,11 @@ def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path)
     assert grpo["allocation"]["share_past"] > 0 and grpo["allocation"]["tokens"]["past"] > 0
     assert ablated["allocation"]["share_past"] == 0.0, "the ablation left advantages past n"
     assert ablated["change"] != grpo["change"], "the ablation changed nothing the step did"
-    summary = json.loads((tmp_path / mech.SUMMARY).read_text())
+    summary = json.loads((tmp_path / mech.QUICK_SUMMARY).read_text())
     assert summary["seeds"] == [2] and set(summary["predictions"]) == {"P1", "P2", "P3", "reading"}
     assert summary["preregistration"] == json.loads(json.dumps(mech.PREREGISTRATION))
     assert summary["arms"]["grpo_N4"]["weights_moved_median"] > 0 and set(summary["before"]) == {"early", "at", "past"}
-    block = real_model_mechanism(Context(results=tmp_path), "real_model_mechanism")
+    block = real_model_mechanism(Context(results=tmp_path), mech.QUICK_SUMMARY.removesuffix(".json"))
     assert all(f"| {arm} | 1 |" in block for arm in mech.ARMS) and "Reading: " in block
     again = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     assert "0 runs to do" in again.stdout
