@@ -366,6 +366,14 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     if pairs:
         pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
         lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]
+    if data.get("fidelity"):  # OTBConfig's in-training check, on the one run the pre-registration names
+        f_header = ["proxy fidelity: arm, seed, step", "token Spearman", "token Pearson", "energy Spearman"]
+        f_rows = [
+            [f"{f['arm']}, seed {f['seed']}, step {f['step']}"]
+            + [f"{f[k]:.3f}" for k in ("token_spearman", "token_pearson", "energy_spearman")]
+            for f in data["fidelity"]
+        ]
+        lines += ["", *markdown_table(f_header, ["---", "---:", "---:", "---:"], f_rows)]
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"
 
 

@@ -372,6 +372,13 @@ def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
     default_row = next(line for line in text.splitlines() if "| otb_default-grpo_N4 |" in line)
     assert default_row.count("**differ**") >= 1 and "[" in default_row  # auc: +0.03 to +0.035 on every seed
     assert "| 0/6 (0.00-0.39) |" in text  # no collapse, with its Wilson interval
+    assert "proxy fidelity" not in text  # no run checked the proxy: no table
+    check = {"arm": "otb_default", "seed": 0, "step": 9, "token_spearman": 0.75, "token_pearson": 0.96}
+    (tmp_path / "checked.json").write_text(
+        json.dumps({"cells": cells, "target": 0.6, "fidelity": [check | {"energy_spearman": 1.0}]})
+    )
+    text = real_model_cells(Context(results=tmp_path, to_root=""), "checked")
+    assert "| otb_default, seed 0, step 9 | 0.750 | 0.960 | 1.000 |" in text
     five = {"reach_main": analysis.summarise_cell([r for r in runs if r["seed"] < 5], list(REACH["arms"]), 1000, 0.6)}
     (tmp_path / "five.json").write_text(json.dumps({"cells": five, "target": None}))
     text = real_model_cells(Context(results=tmp_path, to_root=""), "five")
