@@ -115,6 +115,46 @@ AMENDMENT_PILOT_BATCH = {
     "stop: OTB's first step lowers stopping where GRPO's lowers it less or not at all. The allocation of the "
     "batch's advantages is read beside it, as description",
 }
+FOLLOW_UP = {
+    "committed": "after the study and its amendment had run (b0772d5) and before any run of this follow-up; it adds to "
+    "both and changes neither",
+    "finding": "on the two batches in which no completion stopped at n (seeds 100 and 202), OTB's first step lowered "
+    "the stop log-odds at n by 2.56 and 2.32 where GRPO's moved them by +0.51 and -0.55 (not pre-registered: read "
+    "from the study's runs). Once stopping is cut that far every completion runs to the limit and every group ties",
+    "candidates": {
+        "C1_energy": "the energy weighting: an improbable (erroneous, low-reward) completion carries more energy and "
+        "pulls the token baseline toward its reward, so where every member is active the advantages no longer sum "
+        "to zero and the members' shared behaviour (counting on) gets a net push",
+        "C2_adam": "Adam's first step (about lr * sign(g)) turns OTB's gradient, about 9 times smaller in norm and "
+        "concentrated on a few tokens, into a step as large as GRPO's",
+    },
+    "design": {
+        "seeds": [100, 202],
+        "arms": {
+            "otb_uniform": "otb_default with otb_proxy='uniform' (every token's energy 1: the baseline is the plain "
+            "mean of the active members, zero-sum where all are active), Adam at 1e-5",
+            "otb_sgd": "otb_default with optim='sgd' (no momentum) at learning rate 1.0",
+            "grpo_sgd": "grpo_N4 with optim='sgd' at learning rate 1.0",
+        },
+        "sgd_why": "an SGD step is lr * g: it keeps the gradient's direction and norm, which Adam's first step does "
+        "not; 1.0 makes it move the weights by an L1 of the order of Adam's at 1e-5. Clipping at max_grad_norm 1.0 "
+        "does not bind (the norms are 0.02 to 0.2 here). The study's otb_default and grpo_N4 runs of these seeds "
+        "are the Adam arms (same trainer, seed and batch)",
+        "measurements": "as in the study: the change in stop log-odds before, at and past n, and the movement",
+    },
+    "predictions": {
+        "F1": "C1 holds if otb_uniform's change at n is above otb_default's on both seeds and at least half-way to "
+        "grpo_N4's on both (mean over the two seeds is also reported)",
+        "F2": "C2 holds if otb_sgd's change at n is at least 0, or at least grpo_sgd's, on both seeds",
+    },
+    "reading": "each candidate is read alone; both may hold, or neither (then the mechanism is elsewhere)",
+}
+FOLLOW_UP_ARMS = {
+    "otb_uniform": ("otb_default", {"otb_proxy": "uniform"}, 1e-5),
+    "otb_sgd": ("otb_default", {"optim": "sgd"}, 1.0),
+    "grpo_sgd": ("grpo_N4", {"optim": "sgd"}, 1.0),
+}
+"""Each follow-up arm: the study arm whose configuration it takes, what it changes, and its learning rate."""
 PILOT_RUNS = "real_model_study/reach_pilot_lr1e-05"
 """The pilot runs at 1e-5, whose step 1 the amendment's seed repeats."""
 
@@ -287,7 +327,8 @@ def run_one(job: dict) -> dict:
     logs = [e for e in trainer.state.log_history if "grad_norm" in e]
     return {
         **{k: job[k] for k in ("arm", "seed", "learning_rate")},
-        "config_arm": ARMS[job["arm"]],
+        "config_arm": job["config_arm"],
+        "overrides": job.get("overrides", {}),
         "weights_moved": moved,
         "grad_norm": logs[0]["grad_norm"] if logs else None,
         "before": before,
@@ -309,7 +350,7 @@ def summarize(runs: list[dict], seeds_of_design=None) -> dict:
     by_seed = {}
     for run in runs:
         by_seed.setdefault(run["seed"], {})[run["arm"]] = run
-    seeds = sorted(s for s, arms in by_seed.items() if set(arms) == set(ARMS) and s in seeds_of_design)
+    seeds = sorted(s for s, arms in by_seed.items() if set(ARMS) <= set(arms) and s in seeds_of_design)
     for s in seeds:
         first = by_seed[s]["grpo_N4"]["completion_ids"]
         same = all(by_seed[s][a]["completion_ids"] == first for a in ARMS)
@@ -336,7 +377,7 @@ def summarize(runs: list[dict], seeds_of_design=None) -> dict:
 def pilot_batch(runs: list[dict], results: Path) -> dict | None:
     """The amendment: seed 100's four arms (the pilot's first batch), each arm's change, allocation and gradient
     norm, the pilot's logged step 1 beside it, and P4 and P5; None before all four have run."""
-    found = {r["arm"]: r for r in runs if r["seed"] == AMENDMENT_PILOT_BATCH["seed"]}
+    found = {r["arm"]: r for r in runs if r["seed"] == AMENDMENT_PILOT_BATCH["seed"] and r["arm"] in ARMS}
     if set(found) != set(ARMS):
         return None
     first = found["grpo_N4"]["completion_ids"]
@@ -365,6 +406,26 @@ def pilot_batch(runs: list[dict], results: Path) -> dict | None:
         "arms": arms,
         "predictions": {"P4": p4, "P5": p5, "reading": reading},
     }
+
+
+def follow_up(runs: list[dict]) -> dict | None:
+    """FOLLOW_UP's reading on its seeds where every follow-up arm and the study's otb_default and grpo_N4 ran: each
+    arm's change at n per seed, and F1 and F2; None before then."""
+    by_seed = {}
+    for run in runs:
+        by_seed.setdefault(run["seed"], {})[run["arm"]] = run
+    needed = {*FOLLOW_UP_ARMS, "otb_default", "grpo_N4"}
+    seeds = [s for s in FOLLOW_UP["design"]["seeds"] if needed <= set(by_seed.get(s, {}))]
+    if seeds != FOLLOW_UP["design"]["seeds"]:
+        return None
+    for s in seeds:
+        first = by_seed[s]["otb_default"]["completion_ids"]
+        assert all(by_seed[s][a]["completion_ids"] == first for a in needed), f"seed {s}: another batch"
+    at = {a: [by_seed[s][a]["change"]["at"] for s in seeds] for a in sorted(needed)}
+    moved = {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in sorted(needed)}
+    f1 = all(u > d and u - d >= 0.5 * (g - d) for u, d, g in zip(at["otb_uniform"], at["otb_default"], at["grpo_N4"]))
+    f2 = all(o >= 0 or o >= g for o, g in zip(at["otb_sgd"], at["grpo_sgd"]))
+    return {"seeds": seeds, "change_at_n": at, "weights_moved": moved, "F1": f1, "F2": f2}
 
 
 def predictions(arms: dict) -> dict:
@@ -405,6 +466,12 @@ def jobs(args) -> list[dict]:
         for arm, config_arm in ARMS.items():
             if not (args.out / args.folder / f"{arm}-s{seed}.json").exists():
                 out.append({**common, "arm": arm, "config_arm": config_arm, "seed": seed})
+    for seed in args.follow_up_seeds:
+        for arm, (config_arm, overrides, rate) in FOLLOW_UP_ARMS.items():
+            if not (args.out / args.folder / f"{arm}-s{seed}.json").exists():
+                rate = QUICK["learning_rate"] if args.quick else rate
+                job = {**common, "arm": arm, "config_arm": config_arm, "seed": seed, "learning_rate": rate}
+                out.append(job | {"overrides": overrides})
     return out
 
 
@@ -418,11 +485,14 @@ def main(argv=None):
     parser.add_argument("--summary", action="store_true", help="only the summary from the finished runs")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--follow-up", nargs="*", type=int, default=None, help="FOLLOW_UP's seeds (default: its own)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     args.folder = QUICK_FOLDER if args.quick else FOLDER
     design_seeds = PREREGISTRATION["design"]["seeds"] + [AMENDMENT_PILOT_BATCH["seed"]]
     args.seeds = args.seeds or (QUICK["seeds"] if args.quick else design_seeds)
+    args.follow_up_seeds = args.follow_up if args.follow_up is not None else FOLLOW_UP["design"]["seeds"]
+    args.follow_up_seeds = QUICK["seeds"] if args.quick else args.follow_up_seeds
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
         todo = [] if args.summary else jobs(args)
@@ -436,6 +506,8 @@ def main(argv=None):
     summary["amendment"] = AMENDMENT_PILOT_BATCH
     summary |= summarize(runs, QUICK["seeds"] if args.quick else None)
     summary["pilot_batch"] = pilot_batch(runs, args.out)
+    summary["follow_up_preregistration"] = FOLLOW_UP
+    summary["follow_up"] = follow_up(runs)
     write_json(args.out / (QUICK_SUMMARY if args.quick else SUMMARY), summary)
     print(json.dumps({k: summary[k] for k in ("seeds", "predictions")}, indent=1))
 

@@ -420,4 +420,22 @@ def real_model_mechanism(ctx: Context, stem: str) -> str:
         lines.append(
             " ".join(f"{k}: {'held' if q[k] else 'failed'}." for k in ("P4", "P5")) + f" Reading: {q['reading']}."
         )
+    follow = data.get("follow_up")
+    if follow:  # the follow-up on the batches where no completion stopped at n
+        seeds = follow["seeds"]
+        header = [
+            "arm (follow-up)",
+            *(f"change at n, seed {s}" for s in seeds),
+            *(f"L1 movement, seed {s}" for s in seeds),
+        ]
+        rows = [
+            [
+                arm,
+                *(f"{x:+.2f}" for x in follow["change_at_n"][arm]),
+                *(f"{x:.0f}" for x in follow["weights_moved"][arm]),
+            ]
+            for arm in ("otb_default", "otb_uniform", "otb_sgd", "grpo_N4", "grpo_sgd")
+        ]
+        lines += ["", *markdown_table(header, ["---", *["---:"] * (2 * len(seeds))], rows), ""]
+        lines.append(" ".join(f"{k}: {'held' if follow[k] else 'failed'}." for k in ("F1", "F2")))
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"

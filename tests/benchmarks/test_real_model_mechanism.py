@@ -22,9 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path):
     command = [sys.executable, "-m", "benchmarks.real_model_mechanism", "--quick", "--out", str(tmp_path)]
     first = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
-    assert "4 runs to do" in first.stdout
+    assert "7 runs to do" in first.stdout  # the study's four arms and the follow-up's three
     runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / mech.QUICK_FOLDER).glob("*.json")}
-    assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in mech.ARMS)
+    assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in [*mech.ARMS, *mech.FOLLOW_UP_ARMS])
+    assert (
+        runs["otb_sgd-s2"]["overrides"] == {"optim": "sgd"} and runs["otb_uniform-s2"]["config_arm"] == "otb_default"
+    )
     grpo, ablated = runs["grpo_N4-s2"], runs["grpo_no_past_n-s2"]
     assert len(set(grpo["rewards"])) > 1, "precondition failed: the batch's rewards tie, so no arm has a gradient"
     for name, run in runs.items():
@@ -118,7 +121,8 @@ def test_the_predictions_and_their_reading():
 def _run(arm: str, seed: int, change: dict, ids=((1, 2),)) -> dict:
     allocation = {"share_past": 0.1, "share_stop": 0.01}
     run = dict(arm=arm, seed=seed, change=change, allocation=allocation, grad_norm=0.5, rewards=[0.5, 0.25])
-    return run | {"completion_ids": [list(r) for r in ids], "weights_moved": 1.0, "before": {}}
+    before = {"40": {"39": -5.0, "40": -1.5, "41": -5.0}}
+    return run | {"completion_ids": [list(r) for r in ids], "weights_moved": 1.0, "before": before}
 
 
 def test_the_amendment_reads_seed_100_apart_with_the_pilots_first_step_beside_it(tmp_path):
@@ -139,3 +143,23 @@ def test_the_amendment_reads_seed_100_apart_with_the_pilots_first_step_beside_it
     runs[0]["completion_ids"] = [[9]]
     with pytest.raises(AssertionError, match="other batches"):
         mech.pilot_batch(runs, tmp_path)
+
+
+def test_the_follow_up_reads_its_two_seeds_with_the_studys_adam_arms(tmp_path):
+    """F1 (energy weighting) and F2 (Adam's sign step) on the follow-up's seeds, with the study's otb_default and
+    grpo_N4 runs of those seeds as the Adam arms; None until every arm ran on both seeds."""
+    at = {"otb_default": -2.0, "otb_ref": -2.0, "grpo_N4": 0.5, "grpo_no_past_n": 0.3}
+    at |= {"otb_uniform": 0.0, "otb_sgd": 0.1, "grpo_sgd": 0.2}
+    runs = [_run(a, s, {"early": 0.0, "at": x, "past": 0.0}) for s in (100, 202) for a, x in at.items()]
+    got = mech.follow_up(runs)
+    assert got["seeds"] == [100, 202] and got["F1"] is True and got["F2"] is True
+    assert got["change_at_n"]["otb_uniform"] == [0.0, 0.0]
+    (tmp_path / "follow.json").write_text(json.dumps(mech.summarize(runs, [202]) | {"follow_up": got}))
+    block = real_model_mechanism(Context(results=tmp_path), "follow")
+    assert "| otb_uniform | +0.00 | +0.00 | 1 | 1 |" in block and "F1: held. F2: held." in block
+    runs = [r | {"change": {"at": -1.9}} if r["arm"] == "otb_uniform" else r for r in runs]  # less than half-way
+    assert mech.follow_up(runs)["F1"] is False
+    runs = [r | {"change": {"at": -0.5}} if r["arm"] == "otb_sgd" else r for r in runs]  # below 0 and below GRPO's
+    assert mech.follow_up(runs)["F2"] is False
+    assert mech.follow_up([r for r in runs if r["seed"] == 100]) is None
+    assert mech.summarize(runs, [202])["seeds"] == [202]  # the follow-up's arms leave the study's analysis alone
