@@ -245,13 +245,14 @@ def sample(model, enc, tokenizer, temperature: float, max_new_tokens: int, **kwa
     )
 
 
-def train_measuring_movement(trainer, model) -> float:
-    """``trainer.train()``; returns how far it moved ``model``'s parameters (the sum over tensors of the norm of each
-    one's change), the precondition of every comparison that follows from a run."""
+def train_measuring_movement(trainer, model, order: float = 2) -> float:
+    """``trainer.train()``; returns how far it moved ``model``'s parameters (the sum over tensors of the ``order``-norm
+    of each one's change; ``order=1`` is the total L1 movement), the precondition of every comparison that follows
+    from a run."""
     params = list(model.parameters())
     before = [p.detach().clone() for p in params]
     trainer.train()
-    return sum(float((p.detach() - b).norm()) for p, b in zip(params, before))
+    return sum(float((p.detach() - b).norm(p=order)) for p, b in zip(params, before))
 
 
 def run_outcome(curve: list[dict], steps: list[dict], moved: float, tokens: int, cpu: float, wall: float) -> dict:

@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import command, write_json
+from benchmarks.common import command, train_measuring_movement, write_json
 from benchmarks.real_model_preregistration import DESIGNS
 from benchmarks.real_model_task import count_task_reward, load_policy, prompt_text
 from benchmarks.variance.sampling import COUNT_PREFIX, count_reward
@@ -254,10 +254,11 @@ def token_classes(batch: dict, ns: list[int], stops: list[int], decode):
         length = len(row)
         if length and row[-1] in stops:
             stop[i, length - 1] = True
-        start = past_n_start([t for t in row if t not in stops], n, decode)
+        text_ids = [t for t in row if t not in stops]
+        start = past_n_start(text_ids, n, decode)
         if start is not None:
             past[i, start + 1 : length] = True
-        rewards.append(count_task_reward([decode([t for t in row if t not in stops])], [n])[0])
+        rewards.append(count_task_reward([decode(text_ids)], [n])[0])
     past &= ~stop & mask
     return {"stop": stop, "past": past, "rest": mask & ~stop & ~past}, rewards
 
@@ -320,10 +321,9 @@ def run_one(job: dict) -> dict:
             return batch
 
     trainer = make_trainer(job, model, tok, count_task_reward, max_steps=1, trainer_class=StepOne)
-    weights = {k: v.detach().clone() for k, v in model.named_parameters()}
-    trainer.train()
-    moved = sum(float((v - weights[k]).abs().sum()) for k, v in model.named_parameters())
+    moved = train_measuring_movement(trainer, model, order=1)  # Adam's first step is about lr per parameter
     after = stop_log_odds(model, tok, job["task"]["held_out_targets"])
+    w_before, w_after = windows(before), windows(after)
     logs = [e for e in trainer.state.log_history if "grad_norm" in e]
     return {
         **{k: job[k] for k in ("arm", "seed", "learning_rate")},
@@ -333,7 +333,7 @@ def run_one(job: dict) -> dict:
         "grad_norm": logs[0]["grad_norm"] if logs else None,
         "before": before,
         "after": after,
-        "change": {k: windows(after)[k] - windows(before)[k] for k in ("early", "at", "past")},
+        "change": {k: w_after[k] - w_before[k] for k in ("early", "at", "past")},
         **record,
     }
 
@@ -343,18 +343,29 @@ def run_one(job: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _by_seed(runs: list[dict]) -> dict[int, dict[str, dict]]:
+    """seed -> arm -> run."""
+    out = {}
+    for run in runs:
+        out.setdefault(run["seed"], {})[run["arm"]] = run
+    return out
+
+
+def _assert_one_batch(arms_of_seed: dict[str, dict], arms, seed: int) -> None:
+    """Every one of ``arms`` trained on the same batch (a seed fixes it); arms on other batches cannot be compared."""
+    first = arms_of_seed[next(iter(arms))]["completion_ids"]
+    same = all(arms_of_seed[a]["completion_ids"] == first for a in arms)
+    assert same, f"seed {seed}: the arms trained on other batches, so they cannot be compared"
+
+
 def summarize(runs: list[dict], seeds_of_design=None) -> dict:
     """The pre-registered analysis over the seeds of the design (default: PREREGISTRATION's) where every arm
     finished."""
     seeds_of_design = PREREGISTRATION["design"]["seeds"] if seeds_of_design is None else seeds_of_design
-    by_seed = {}
-    for run in runs:
-        by_seed.setdefault(run["seed"], {})[run["arm"]] = run
+    by_seed = _by_seed(runs)
     seeds = sorted(s for s, arms in by_seed.items() if set(ARMS) <= set(arms) and s in seeds_of_design)
     for s in seeds:
-        first = by_seed[s]["grpo_N4"]["completion_ids"]
-        same = all(by_seed[s][a]["completion_ids"] == first for a in ARMS)
-        assert same, f"seed {s}: the arms trained on different batches, so they cannot be compared"
+        _assert_one_batch(by_seed[s], ARMS, s)
     arms = {}
     for arm in ARMS:
         rows = [by_seed[s][arm] for s in seeds]
@@ -380,8 +391,7 @@ def pilot_batch(runs: list[dict], results: Path) -> dict | None:
     found = {r["arm"]: r for r in runs if r["seed"] == AMENDMENT_PILOT_BATCH["seed"] and r["arm"] in ARMS}
     if set(found) != set(ARMS):
         return None
-    first = found["grpo_N4"]["completion_ids"]
-    assert all(r["completion_ids"] == first for r in found.values()), "seed 100: the arms trained on other batches"
+    _assert_one_batch(found, ARMS, AMENDMENT_PILOT_BATCH["seed"])
     arms = {}
     for arm, r in found.items():
         pilot = results / PILOT_RUNS / f"{ARMS[arm]}-s{AMENDMENT_PILOT_BATCH['seed']}.json"
@@ -411,16 +421,13 @@ def pilot_batch(runs: list[dict], results: Path) -> dict | None:
 def follow_up(runs: list[dict]) -> dict | None:
     """FOLLOW_UP's reading on its seeds where every follow-up arm and the study's otb_default and grpo_N4 ran: each
     arm's change at n per seed, and F1 and F2; None before then."""
-    by_seed = {}
-    for run in runs:
-        by_seed.setdefault(run["seed"], {})[run["arm"]] = run
+    by_seed = _by_seed(runs)
     needed = {*FOLLOW_UP_ARMS, "otb_default", "grpo_N4"}
     seeds = [s for s in FOLLOW_UP["design"]["seeds"] if needed <= set(by_seed.get(s, {}))]
     if seeds != FOLLOW_UP["design"]["seeds"]:
         return None
     for s in seeds:
-        first = by_seed[s]["otb_default"]["completion_ids"]
-        assert all(by_seed[s][a]["completion_ids"] == first for a in needed), f"seed {s}: another batch"
+        _assert_one_batch(by_seed[s], needed, s)
     at = {a: [by_seed[s][a]["change"]["at"] for s in seeds] for a in sorted(needed)}
     moved = {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in sorted(needed)}
     f1 = all(u > d and u - d >= 0.5 * (g - d) for u, d, g in zip(at["otb_uniform"], at["otb_default"], at["grpo_N4"]))
