@@ -15,6 +15,7 @@ import sys
 import torch
 
 from trl_otb import OTBTrainer
+from trl_otb.testing.multiprocess import leave_without_teardown
 from trl_otb.testing.sharded_cpu import engagement, install_from_environment
 
 install_from_environment()
@@ -52,11 +53,4 @@ accelerate.utils.gather_object = gather_object
 if __name__ == "__main__":
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
-    # The script has finished and written what the test reads. Leave without the interpreter's teardown, as the
-    # workers in this folder do: a rank can abort there (SIGABRT, "terminate called without an active exception")
-    # from a gloo or DeepSpeed thread that outlives Python. Meet first, so that no rank leaves a collective early.
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()  # the script has written what the test reads

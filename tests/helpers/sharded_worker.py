@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from trl_otb import OTBTrainer  # noqa: E402
 from trl_otb.testing import MAX_NEW_TOKENS, split_group_dataset, split_group_reward  # noqa: E402
+from trl_otb.testing.multiprocess import leave_without_teardown  # noqa: E402
 from trl_otb.testing.sharded_cpu import (  # noqa: E402
     RecordingTrainer,
     engagement,
@@ -164,10 +165,4 @@ if __name__ == "__main__":
         refuses_lm_head_unit(model_dir, out_dir)
     else:
         train(engine, mode, model_dir, out_dir)
-    # Every result is on disk and the ranks have met at a barrier. Leave without the interpreter's teardown: under
-    # DeepSpeed on CPU a rank can still abort there ("terminate called without an active exception", exit -6) after
-    # destroy_process_group, from a native thread that outlives Python (seen once in CI at the zero3 on-policy run,
-    # after both ranks had trained and saved). The test judges the saved results, not the teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()  # every result is on disk and the ranks have met
