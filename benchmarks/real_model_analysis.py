@@ -158,11 +158,12 @@ def choose_rates(cells: dict, arms: list[str], cell_of_rate: dict[float, str]) -
 
 
 def plot(runs: dict, cells: dict, arms: list[str], path: Path) -> None:
-    """Per cell: held-out score against tokens (median over seeds, band: range), mean length and grad norm per step."""
+    """Per cell: held-out score against tokens (median over seeds, band: range); per step the mean length, the grad
+    norm and the share of groups whose rewards tie (no signal: a run whose every group ties has stopped learning)."""
     shown = [c for c in cells if runs.get(c)]
     if not shown:
         return
-    fig, axes = pyplot().subplots(len(shown), 3, figsize=(14, 3.6 * len(shown)), squeeze=False)
+    fig, axes = pyplot().subplots(len(shown), 4, figsize=(18, 3.6 * len(shown)), squeeze=False)
     for row, cell in zip(axes, shown):
         budget = cells[cell] or max(r["tokens"] for r in runs[cell])
         grid = [budget * i / 40 for i in range(41)]
@@ -174,13 +175,18 @@ def plot(runs: dict, cells: dict, arms: list[str], path: Path) -> None:
             values = [[score_at(r["curve"], t) for r in mine] for t in grid]
             row[0].plot(grid, [statistics.median(v) for v in values], color=color, lw=2, label=f"{arm} ({len(mine)})")
             row[0].fill_between(grid, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.12)
-            for ax, key in ((row[1], "completions/mean_length"), (row[2], "grad_norm")):
+            for ax, key in (
+                (row[1], "completions/mean_length"),
+                (row[2], "grad_norm"),
+                (row[3], "frac_reward_zero_std"),
+            ):
                 for r in mine:
                     xs = [s["step"] for s in r["steps"] if s.get(key) is not None]
                     ax.plot(xs, [s[key] for s in r["steps"] if s.get(key) is not None], color=color, alpha=0.5)
         row[0].set(title=cell, xlabel="completion tokens", ylabel="held-out score (median, band: seeds)")
         row[1].set(title="mean completion length", xlabel="step")
         row[2].set(title="gradient norm before clipping", xlabel="step", yscale="log")
+        row[3].set(title="groups whose rewards tie", xlabel="step", ylim=(-0.05, 1.05))
         row[0].legend(fontsize=7)
     save_figure(fig, path)
 
