@@ -48,6 +48,7 @@ from benchmarks.report.training import (
     real_model_far_pilot,
     real_model_mechanism,
     real_model_reach,
+    real_model_sentence,
     real_model_signal,
     real_model_steps,
     study_arms_table,
@@ -75,7 +76,8 @@ NOT_MEASURED = {"README.md": {"2602.07078": "the paper's arXiv id", "3.7": "the 
 
 def readme_verdict(ctx: Context) -> str:
     """The README's summary: variance against GRPO and OGB, the step's cost, and training: once the second study has
-    decided, its short table (the default OTB against TRL's GRPO per cell); until then, the first study's sentence."""
+    decided, its short table (the default OTB against TRL's GRPO per cell) and the pretrained model's study; until then,
+    the first study's sentence."""
     on, _, _, vllm_nois = (overhead_ratio(ctx, stem, name) for stem, name, _ in OVERHEAD)
     head = (
         f"**What the measurements say** (on CPU; the verdict and what was not measured: "
@@ -90,9 +92,15 @@ def readme_verdict(ctx: Context) -> str:
             "each arm at its own learning rate, paired seeds, equal completion tokens; auc is the mean held-out score "
             "over the budget; `long`: a task where long answers are wrong, `long_right`: one where they are right, "
             "`short`: copying, `long_high_lr`: `long` at three times each arm's own tuned rate), the default OTB "
-            f"against TRL's default GRPO:\n\n{study2_readme_table(ctx)}" + (f"\n\n{statement}" if statement else "")
+            f"against TRL's default GRPO:\n\n{study2_readme_table(ctx)}"
+            + (f"\n\n{statement}" if statement else "")
+            + f"\n\n{_capital(real_model_sentence(ctx))}."
         )
     return f"{head}; {study_readme_sentence(ctx)}; {cost}."
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _from_cell(fn):

@@ -377,6 +377,39 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"
 
 
+REAL_MODEL = "real_model_study_reach"
+
+
+def real_model_sentence(ctx: Context) -> str:
+    """The README's line on the pretrained model: per OTB arm, its auc minus TRL's GRPO's over the paired seeds
+    (with the 95% bootstrap interval once 6 seeds are paired; until then the seed count only), and the collapses."""
+    data = ctx.load(REAL_MODEL)
+    found = data["cells"]["reach_main"]
+    arms, paired = found["arms"], found["paired"]
+    seeds = paired["otb_default-grpo_N4"]["auc"]["seeds"]
+    where = (
+        f"on a pretrained model ([SmolLM2-135M-Instruct]({ctx.to_root}docs/benchmarks.md#"
+        "the-chosen-default-on-a-real-model-pre-registered-amended-after-its-first-pilot-study-running), every "
+        "parameter trained, counting to n within 256 tokens, each arm at its own learning rate"
+    )
+    if "ci" not in paired["otb_default-grpo_N4"]["auc"]:
+        planned = len(data["preregistration"]["seeds"])
+        return f"{where}) the paired study has finished {seeds} of its {planned} seeds, too few to compare"
+
+    def diff(pair: str) -> str:
+        auc = paired[pair]["auc"]
+        lo, hi = auc["ci"]
+        verdict = ("**higher**" if lo > 0 else "**lower**") if auc["differ"] else "no different"
+        return f"{auc['mean']:+.3f} ({lo:+.3f} to {hi:+.3f}), {verdict}"
+
+    collapses = " / ".join(f"{arms[a]['collapsed']}/{arms[a]['runs']}" for a in ("otb_default", "grpo_N4", "otb_ref"))
+    return (
+        f"{where}, {seeds} paired seeds) the default OTB's auc minus TRL's GRPO's was "
+        f"{diff('otb_default-grpo_N4')}, the reference OTB's {diff('otb_ref-grpo_N4')}; collapses (default / GRPO / "
+        f"ref. OTB): {collapses}"
+    )
+
+
 def real_model_mechanism(ctx: Context, stem: str) -> str:
     """The first-step mechanism study: per arm, the change one step made to the stop log-odds (teacher-forced on the
     held-out targets) before n, at n and past n, how many seeds raised it at n, where the batch's advantages lie,

@@ -388,3 +388,35 @@ def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
     text = real_model_cells(Context(results=tmp_path, to_root=""), "pilot")
     assert "Chosen rates (the highest auc per arm): grpo_N4 1e-05." in text and "arm minus reference" not in text
     assert text.count("| reach_main |") == 3 and "| - |" in text
+
+
+def test_the_readme_sentence_gives_the_pretrained_verdict_only_from_six_paired_seeds(tmp_path):
+    """The README's line on the pretrained model: the seed count while fewer than 6 seeds are paired, then each OTB
+    arm's auc difference from TRL's GRPO with its interval and reading, and every arm's collapses."""
+    from benchmarks.report.tables import Context
+    from benchmarks.report.training import REAL_MODEL, real_model_sentence
+
+    runs = []
+    for s in range(6):
+        base = 0.5 + 0.01 * s
+        runs += [
+            _synthetic("grpo_N4", s, [base, base + 0.1, base + 0.2]),
+            _synthetic("otb_ref", s, [base, base + 0.1 + 0.002 * (-1) ** s, base + 0.2]),  # +-0.001 in auc
+            _synthetic("otb_default", s, [base, base + 0.15 + 0.001 * s, base + 0.25]),
+        ]
+    ctx = Context(results=tmp_path, to_root="")
+
+    def sentence(seeds) -> str:
+        mine = [r for r in runs if r["seed"] in seeds]
+        cells = {"reach_main": analysis.summarise_cell(mine, list(REACH["arms"]), 1000, 0.6, 63)}
+        summary = {"cells": cells, "target": 0.6, "preregistration": {"seeds": list(range(8))}}
+        (tmp_path / f"{REAL_MODEL}.json").write_text(json.dumps(summary))
+        return real_model_sentence(ctx)
+
+    five = sentence(range(5))
+    assert five.endswith("the paired study has finished 5 of its 8 seeds, too few to compare") and "auc" not in five
+    six = sentence(range(6))
+    assert "6 paired seeds" in six and "collapses (default / GRPO / ref. OTB): 0/6 / 0/6 / 0/6" in six
+    default, ref = six.split("the default OTB's auc minus TRL's GRPO's was ")[1].split(", the reference OTB's ")
+    assert default.startswith("+0.0") and default.endswith("**higher**")  # +0.0275 to +0.03 on every seed
+    assert ref.startswith("+0.000 (-0.001 to +0.001), no different;")  # +-0.001 alternating: the mean is 0

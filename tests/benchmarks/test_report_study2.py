@@ -73,7 +73,7 @@ def test_readme_verdict_shows_the_study2_table_once_the_decision_exists(tmp_path
     decision = {"arm": "otb_zero_advantage", "config": {}, "reasons": [], "statement": "OTB did not match."}
     after = readme_verdict(_finished(tmp_path, decision))
     assert after.startswith(before.split(";")[0]) and "in a pre-registered training study" not in after
-    assert after.endswith("\n\nOTB did not match.")
+    assert "\n\nOTB did not match.\n\nOn a pretrained model (" in after  # then the pretrained model's study
     assert "| long_right | 10 | -0.010 (-0.030 to +0.020) |" in after
 
 
