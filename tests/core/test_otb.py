@@ -134,6 +134,43 @@ def test_otb_weights_pull_baseline_towards_high_energy_member():
     assert_close(adv, [[0.2], [-0.8]], atol=1e-7)
 
 
+def test_an_improbable_low_reward_member_gives_the_shared_behaviour_a_net_push():
+    """The first-step studies' mechanism (docs/benchmarks.md), by hand: three members that count on (reward 0.5,
+    energy 0.1) and one with an error (reward 0.2, energy 1). The error's energy pulls B below the group's mean:
+    B = (3 * 0.05 + 0.2) / 1.3 = 0.35 / 1.3, so the members that count on get 0.3 / 1.3 each (GRPO: 0.075) and the
+    error -0.09 / 1.3 (GRPO: -0.225). GRPO's advantages sum to 0; OTB's sum to 0.81 / 1.3 > 0, a net push on what the
+    three share, and sum to 0 only under the energy weights."""
+    rewards, proxy = t64([0.5, 0.5, 0.5, 0.2]), t64([[0.1], [0.1], [0.1], [1.0]])
+    mask, group = torch.ones(4, 1), ids([0, 0, 0, 0])
+    otb = otb_terms(rewards, proxy, mask, group, eps=0.0, tail="zero_advantage")
+    assert_close(otb.advantages, [[0.3 / 1.3]] * 3 + [[-0.09 / 1.3]], atol=1e-12)
+    assert otb.advantages.sum().item() == pytest.approx(0.81 / 1.3, rel=1e-12)
+    assert (otb.energy * otb.advantages).sum().item() == pytest.approx(0.0, abs=1e-15)
+    grpo = grpo_advantages(rewards, proxy, mask, group, scale="none")
+    assert_close(grpo, [[0.075]] * 3 + [[-0.225]], atol=1e-12)
+    assert grpo.sum().item() == pytest.approx(0.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("tail", TAILS)
+@SETTINGS
+@given(x=otb_inputs(nan_rewards=False, empty_rows=False, holes=False, with_is_weights=False), data=st.data())
+def test_advantages_sum_to_zero_under_the_energy_weights_where_every_member_is_active(tail, x, data):
+    """Without eps, at a position where every member of a group is active, sum_i W_t^(i) A_t^(i) = 0: OTB's
+    advantages are zero-sum under the energy weights, in every tail, and not in general unweighted (the test above)."""
+    T = len(x["mask"][0])
+    x["mask"] = [[1] * T for _ in x["mask"]]  # every member active at every position: no tail rule applies
+    t = as_tensors(x)
+    terms = otb_terms(t["rewards"], t["proxy"], t["mask"], t["group_ids"], eps=0.0, tail=tail)
+    weighted = terms.energy * terms.advantages
+    scale = reward_scale(x) * (1.0 + terms.energy.sum().item())
+    for g in set(x["group_ids"]):
+        rows = [i for i, gid in enumerate(x["group_ids"]) if gid == g]
+        energetic = terms.energy[rows].sum(dim=0) > 0  # at a position where no member has energy, B is 0 and A = R
+        if len(rows) < 2:
+            continue
+        assert_close(weighted[rows].sum(dim=0)[energetic], torch.zeros(int(energetic.sum())), atol=1e-12 * scale)
+
+
 def test_nan_reward_row_is_excluded_and_gets_zero_advantage():
     # valid rows 0 and 2, W equal -> B = (1 + 0)/2 = 0.5 at both positions; row 1 (NaN) -> 0.
     # group 5: the other member is NaN, so row 4 is a singleton -> A = R = 4.

@@ -6,6 +6,10 @@ With outcome rewards, G_t^(i) = R_i on every token, and per group of completions
     B_t     = sum_i R_i W_t^(i) m_t^(i) / (sum_i W_t^(i) m_t^(i) + eps)
     A_t^(i) = (R_i - B_t) m_t^(i)
 
+With eps = 0, at a position where every member is active, sum_i W_t^(i) A_t^(i) = 0: the advantages are zero-sum
+under the energy weights, not unweighted as GRPO's are. A low-reward member with high energy pulls B_t below the
+group's mean, so the members that share a behaviour get a net push (docs/benchmarks.md, the first-step studies).
+
 Shapes: ``rewards [B]`` (NaN = unscorable), ``proxy [B, T]`` w_t (see :mod:`trl_otb.core.proxy`), ``mask [B, T]``,
 ``group_ids [B]``, optional ``is_weights [B, T]`` or ``[B, 1]``; the result is ``[B, T]``. A row is *valid* when
 its reward is finite and its mask is not all 0; invalid rows leave their group and get advantage 0.
