@@ -155,6 +155,48 @@ FOLLOW_UP_ARMS = {
     "grpo_sgd": ("grpo_N4", {"optim": "sgd"}, 1.0),
 }
 """Each follow-up arm: the study arm whose configuration it takes, what it changes, and its learning rate."""
+SECOND_FOLLOW_UP = {
+    "committed": "after the follow-up had run (128763a: C1, the energy weighting, held; C2, Adam, did not) and before "
+    "any run of this one; it adds to the study and both its additions and changes none of them",
+    "finding": "with every token's energy 1, OTB's first step on the two no-stop batches moved the stop log-odds at "
+    "n as GRPO's did; with the energies it cut them by 2.56 and 2.32. Where every member is active OTB's advantages "
+    "sum to zero under the energy weights, not unweighted (tests/core/test_otb.py)",
+    "question": "which OTB options keep the effect, so that a user knows whether one avoids it",
+    "candidates": {
+        "D1_self": "the scored member's own reward and energy in its baseline: a high-energy member with a low "
+        "reward pulls its own baseline toward its reward, so its step against the error is weak (in the hand example "
+        "of tests/core/test_otb.py, -0.069 against GRPO's -0.225). Leave-one-out removes exactly that term",
+        "D2_granularity": "the per-token baseline: OGB weights the group's rewards by each member's total energy, "
+        "one baseline per member, and is not zero-sum either",
+    },
+    "design": {
+        "seeds": [100, 202],
+        "arms": {
+            "otb_loo": "otb_default with otb_leave_one_out=True, Adam at 1e-5",
+            "ogb": "otb_default with advantage_estimator='ogb' (scale_rewards follows it: 'none'), Adam at 1e-5",
+        },
+        "by_hand": "on the hand example (three members counting on at reward 0.5 and energy 0.1, one error at 0.2 "
+        "and energy 1) leave-one-out gives the three +0.25 each and the error -0.30 (the default: +0.231 and -0.069; "
+        "GRPO unscaled: +0.075 and -0.225); OGB on one token is the default. Neither is zero-sum, so the hand "
+        "example does not decide the direction of the step",
+        "measurements": "as in the follow-up: the change in stop log-odds at n (and before and past n) and the "
+        "movement; the study's otb_default and grpo_N4 runs of these seeds are the comparison arms",
+    },
+    "predictions": {
+        "G1": "D1 holds if otb_loo's change at n is above otb_default's on both seeds and at least half-way to "
+        "grpo_N4's on both",
+        "G2": "D2 (OGB keeps the effect) holds if ogb's change at n is below grpo_N4's on both seeds by at least half "
+        "of otb_default's distance below grpo_N4's",
+    },
+    "reading": "G1 holding: leave-one-out is an option that avoids the effect; failing: the effect is the energy "
+    "weighting with or without the member's own terms. G2 holding: OGB shares it; failing: it needs the per-token "
+    "baseline. Each is read alone",
+}
+SECOND_FOLLOW_UP_ARMS = {
+    "otb_loo": ("otb_default", {"otb_leave_one_out": True}, 1e-5),
+    "ogb": ("otb_default", {"advantage_estimator": "ogb"}, 1e-5),
+}
+"""Each second follow-up arm: the study arm whose configuration it takes, what it changes, and its learning rate."""
 PILOT_RUNS = "real_model_study/reach_pilot_lr1e-05"
 """The pilot runs at 1e-5, whose step 1 the amendment's seed repeats."""
 
@@ -418,21 +460,44 @@ def pilot_batch(runs: list[dict], results: Path) -> dict | None:
     }
 
 
-def follow_up(runs: list[dict]) -> dict | None:
-    """FOLLOW_UP's reading on its seeds where every follow-up arm and the study's otb_default and grpo_N4 ran: each
-    arm's change at n per seed, and F1 and F2; None before then."""
+def _changes_at_n(runs: list[dict], arms, seeds: list[int]) -> tuple[dict, dict] | None:
+    """Per arm of ``arms`` plus the study's otb_default and grpo_N4 (the Adam arms of the same batches), the change at
+    n and the movement on each of ``seeds``; None until every one of them ran on every seed."""
     by_seed = _by_seed(runs)
-    needed = {*FOLLOW_UP_ARMS, "otb_default", "grpo_N4"}
-    seeds = [s for s in FOLLOW_UP["design"]["seeds"] if needed <= set(by_seed.get(s, {}))]
-    if seeds != FOLLOW_UP["design"]["seeds"]:
+    needed = {*arms, "otb_default", "grpo_N4"}
+    if any(not needed <= set(by_seed.get(s, {})) for s in seeds):
         return None
     for s in seeds:
         _assert_one_batch(by_seed[s], needed, s)
     at = {a: [by_seed[s][a]["change"]["at"] for s in seeds] for a in sorted(needed)}
-    moved = {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in sorted(needed)}
+    return at, {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in sorted(needed)}
+
+
+def follow_up(runs: list[dict]) -> dict | None:
+    """FOLLOW_UP's reading on its seeds where every follow-up arm and the study's otb_default and grpo_N4 ran: each
+    arm's change at n per seed, and F1 and F2; None before then."""
+    seeds = FOLLOW_UP["design"]["seeds"]
+    found = _changes_at_n(runs, FOLLOW_UP_ARMS, seeds)
+    if found is None:
+        return None
+    at, moved = found
     f1 = all(u > d and u - d >= 0.5 * (g - d) for u, d, g in zip(at["otb_uniform"], at["otb_default"], at["grpo_N4"]))
     f2 = all(o >= 0 or o >= g for o, g in zip(at["otb_sgd"], at["grpo_sgd"]))
     return {"seeds": seeds, "change_at_n": at, "weights_moved": moved, "F1": f1, "F2": f2}
+
+
+def second_follow_up(runs: list[dict]) -> dict | None:
+    """SECOND_FOLLOW_UP's reading on its seeds where both its arms and the study's otb_default and grpo_N4 ran: each
+    arm's change at n per seed, and G1 and G2; None before then."""
+    seeds = SECOND_FOLLOW_UP["design"]["seeds"]
+    found = _changes_at_n(runs, SECOND_FOLLOW_UP_ARMS, seeds)
+    if found is None:
+        return None
+    at, moved = found
+    d, g = at["otb_default"], at["grpo_N4"]
+    g1 = all(x > o and x - o >= 0.5 * (h - o) for x, o, h in zip(at["otb_loo"], d, g))
+    g2 = all(x < h and h - x >= 0.5 * (h - o) for x, o, h in zip(at["ogb"], d, g))
+    return {"seeds": seeds, "change_at_n": at, "weights_moved": moved, "G1": g1, "G2": g2}
 
 
 def predictions(arms: dict) -> dict:
@@ -474,7 +539,7 @@ def jobs(args) -> list[dict]:
             if not (args.out / args.folder / f"{arm}-s{seed}.json").exists():
                 out.append({**common, "arm": arm, "config_arm": config_arm, "seed": seed})
     for seed in args.follow_up_seeds:
-        for arm, (config_arm, overrides, rate) in FOLLOW_UP_ARMS.items():
+        for arm, (config_arm, overrides, rate) in (FOLLOW_UP_ARMS | SECOND_FOLLOW_UP_ARMS).items():
             if not (args.out / args.folder / f"{arm}-s{seed}.json").exists():
                 rate = QUICK["learning_rate"] if args.quick else rate
                 job = {**common, "arm": arm, "config_arm": config_arm, "seed": seed, "learning_rate": rate}
@@ -492,7 +557,9 @@ def main(argv=None):
     parser.add_argument("--summary", action="store_true", help="only the summary from the finished runs")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--follow-up", nargs="*", type=int, default=None, help="FOLLOW_UP's seeds (default: its own)")
+    parser.add_argument(
+        "--follow-up", nargs="*", type=int, default=None, help="the follow-ups' seeds (default: their own)"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     args.folder = QUICK_FOLDER if args.quick else FOLDER
@@ -515,6 +582,8 @@ def main(argv=None):
     summary["pilot_batch"] = pilot_batch(runs, args.out)
     summary["follow_up_preregistration"] = FOLLOW_UP
     summary["follow_up"] = follow_up(runs)
+    summary["second_follow_up_preregistration"] = SECOND_FOLLOW_UP
+    summary["second_follow_up"] = second_follow_up(runs)
     write_json(args.out / (QUICK_SUMMARY if args.quick else SUMMARY), summary)
     print(json.dumps({k: summary[k] for k in ("seeds", "predictions")}, indent=1))
 

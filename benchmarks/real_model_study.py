@@ -152,8 +152,8 @@ def make_trainer(job: dict, model, tok, reward, callbacks=(), max_steps: int = 1
     fidelity = {f"otb_fidelity_{k}": v for k, v in (job.get("fidelity") or {}).items()}
     config = OTBConfig(
         output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
-        **pre["arms"][job.get("config_arm", job["arm"])],  # an ablation arm names the arm it changes
-        **job.get("overrides", {}),  # and the settings it changes (the mechanism study's follow-up)
+        # an ablation arm names the arm it changes and the settings it changes (the mechanism study's follow-ups)
+        **pre["arms"][job.get("config_arm", job["arm"])] | job.get("overrides", {}),
         **fidelity,
         num_generations=N,
         per_device_train_batch_size=N * P,

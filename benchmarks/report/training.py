@@ -410,6 +410,19 @@ def real_model_sentence(ctx: Context) -> str:
     )
 
 
+def _follow_up_table(title: str, found: dict, arms, predictions) -> list[str]:
+    """A follow-up's table (per arm, the change in stop log-odds at n and the L1 movement on each of its seeds) and
+    whether each of its predictions held."""
+    seeds = found["seeds"]
+    header = [title, *(f"change at n, seed {s}" for s in seeds), *(f"L1 movement, seed {s}" for s in seeds)]
+    rows = [
+        [arm, *(f"{x:+.2f}" for x in found["change_at_n"][arm]), *(f"{x:.0f}" for x in found["weights_moved"][arm])]
+        for arm in arms
+    ]
+    held = " ".join(f"{k}: {'held' if found[k] else 'failed'}." for k in predictions)
+    return [*markdown_table(header, ["---", *["---:"] * (2 * len(seeds))], rows), "", held]
+
+
 def real_model_mechanism(ctx: Context, stem: str) -> str:
     """The first-step mechanism study: per arm, the change one step made to the stop log-odds (teacher-forced on the
     held-out targets) before n, at n and past n, how many seeds raised it at n, where the batch's advantages lie,
@@ -455,20 +468,10 @@ def real_model_mechanism(ctx: Context, stem: str) -> str:
         )
     follow = data.get("follow_up")
     if follow:  # the follow-up on the batches where no completion stopped at n
-        seeds = follow["seeds"]
-        header = [
-            "arm (follow-up)",
-            *(f"change at n, seed {s}" for s in seeds),
-            *(f"L1 movement, seed {s}" for s in seeds),
-        ]
-        rows = [
-            [
-                arm,
-                *(f"{x:+.2f}" for x in follow["change_at_n"][arm]),
-                *(f"{x:.0f}" for x in follow["weights_moved"][arm]),
-            ]
-            for arm in ("otb_default", "otb_uniform", "otb_sgd", "grpo_N4", "grpo_sgd")
-        ]
-        lines += ["", *markdown_table(header, ["---", *["---:"] * (2 * len(seeds))], rows), ""]
-        lines.append(" ".join(f"{k}: {'held' if follow[k] else 'failed'}." for k in ("F1", "F2")))
+        arms = ("otb_default", "otb_uniform", "otb_sgd", "grpo_N4", "grpo_sgd")
+        lines += ["", *_follow_up_table("arm (follow-up)", follow, arms, ("F1", "F2"))]
+    second = data.get("second_follow_up")
+    if second:  # which OTB options keep the effect, on the same batches
+        arms = ("otb_default", "otb_loo", "ogb", "grpo_N4")
+        lines += ["", *_follow_up_table("arm (second follow-up)", second, arms, ("G1", "G2"))]
     return "\n".join(lines) + f"\n\n({ctx.link(stem)})"

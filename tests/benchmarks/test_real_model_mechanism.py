@@ -22,9 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_mode_trains_every_arm_one_step_on_one_batch_and_resumes(tmp_path):
     command = [sys.executable, "-m", "benchmarks.real_model_mechanism", "--quick", "--out", str(tmp_path)]
     first = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
-    assert "7 runs to do" in first.stdout  # the study's four arms and the follow-up's three
+    assert "9 runs to do" in first.stdout  # the study's four arms, the follow-up's three and the second's two
     runs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / mech.QUICK_FOLDER).glob("*.json")}
-    assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in [*mech.ARMS, *mech.FOLLOW_UP_ARMS])
+    arms = [*mech.ARMS, *mech.FOLLOW_UP_ARMS, *mech.SECOND_FOLLOW_UP_ARMS]
+    assert sorted(runs) == sorted(f"{arm}-s{mech.QUICK['seeds'][0]}" for arm in arms)
+    assert runs["otb_loo-s2"]["overrides"] == {"otb_leave_one_out": True}
+    assert runs["ogb-s2"]["overrides"] == {"advantage_estimator": "ogb"}
     assert (
         runs["otb_sgd-s2"]["overrides"] == {"optim": "sgd"} and runs["otb_uniform-s2"]["config_arm"] == "otb_default"
     )
@@ -163,3 +166,23 @@ def test_the_follow_up_reads_its_two_seeds_with_the_studys_adam_arms(tmp_path):
     assert mech.follow_up(runs)["F2"] is False
     assert mech.follow_up([r for r in runs if r["seed"] == 100]) is None
     assert mech.summarize(runs, [202])["seeds"] == [202]  # the follow-up's arms leave the study's analysis alone
+
+
+def test_the_second_follow_up_reads_leave_one_out_and_ogb_against_the_studys_arms(tmp_path):
+    """G1 (leave-one-out avoids the effect: half-way from otb_default to grpo_N4 on both seeds) and G2 (OGB keeps it:
+    below grpo_N4 by at least half of otb_default's distance on both), None until every arm ran on both seeds."""
+    at = {"otb_default": -2.0, "otb_ref": -2.0, "grpo_N4": 0.5, "grpo_no_past_n": 0.3}
+    at |= {"otb_loo": -0.7, "ogb": -0.8}  # -0.7 is more than half-way up from -2.0 to 0.5; -0.8 is not
+    runs = [_run(a, s, {"early": 0.0, "at": x, "past": 0.0}) for s in (100, 202) for a, x in at.items()]
+    got = mech.second_follow_up(runs)
+    assert got["seeds"] == [100, 202] and got["G1"] is True and got["G2"] is True
+    assert got["change_at_n"]["otb_loo"] == [-0.7, -0.7] and mech.follow_up(runs) is None  # not the first's arms
+    (tmp_path / "second.json").write_text(json.dumps(mech.summarize(runs, [202]) | {"second_follow_up": got}))
+    block = real_model_mechanism(Context(results=tmp_path), "second")
+    assert "| otb_loo | -0.70 | -0.70 | 1 | 1 |" in block and "G1: held. G2: held." in block
+    assert "arm (follow-up)" not in block  # the first follow-up did not run
+    runs = [r | {"change": {"at": -0.76}} if r["arm"] == "otb_loo" and r["seed"] == 202 else r for r in runs]
+    assert mech.second_follow_up(runs)["G1"] is False  # one seed short of half-way
+    runs = [r | {"change": {"at": -0.74}} if r["arm"] == "ogb" else r for r in runs]
+    assert mech.second_follow_up(runs)["G2"] is False  # above the half-way mark on both
+    assert mech.second_follow_up([r for r in runs if r["arm"] != "ogb"]) is None
