@@ -9,7 +9,8 @@ Run it at ``nice -n 19``. Each (seed, arm) trains the real-model study's trainer
 the reach design's task, prompts, group size and settings) for one step from the pretrained policy, records the
 step's batch (its advantages by kind of token) and the change the step made to the probability of stopping, read
 teacher-forced on the held-out targets, and writes ``real_model_mechanism/<arm>-s<seed>.json``; a run already there
-is not run again. Everything that decides the answer is in ``PREREGISTRATION``, committed before the first run.
+is not run again. Everything that decides the answer is in ``PREREGISTRATION``, committed before the first run; its
+additions (``AMENDMENT_PILOT_BATCH``, ``FOLLOW_UP``, ``SECOND_FOLLOW_UP``) were each committed before their own runs.
 """
 
 from __future__ import annotations
