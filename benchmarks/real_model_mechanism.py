@@ -461,44 +461,47 @@ def pilot_batch(runs: list[dict], results: Path) -> dict | None:
     }
 
 
-def _changes_at_n(runs: list[dict], arms, seeds: list[int]) -> tuple[dict, dict] | None:
+def _changes_at_n(runs: list[dict], arms, seeds: list[int]) -> dict | None:
     """Per arm of ``arms`` plus the study's otb_default and grpo_N4 (the Adam arms of the same batches), the change at
-    n and the movement on each of ``seeds``; None until every one of them ran on every seed."""
+    n and the movement on each of ``seeds`` (``{"seeds", "change_at_n", "weights_moved"}``); None until every one of
+    them ran on every seed."""
     by_seed = _by_seed(runs)
-    needed = {*arms, "otb_default", "grpo_N4"}
-    if any(not needed <= set(by_seed.get(s, {})) for s in seeds):
+    needed = sorted({*arms, "otb_default", "grpo_N4"})
+    if any(not set(needed) <= set(by_seed.get(s, {})) for s in seeds):
         return None
     for s in seeds:
         _assert_one_batch(by_seed[s], needed, s)
-    at = {a: [by_seed[s][a]["change"]["at"] for s in seeds] for a in sorted(needed)}
-    return at, {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in sorted(needed)}
+    at = {a: [by_seed[s][a]["change"]["at"] for s in seeds] for a in needed}
+    return {
+        "seeds": seeds,
+        "change_at_n": at,
+        "weights_moved": {a: [by_seed[s][a]["weights_moved"] for s in seeds] for a in needed},
+    }
 
 
 def follow_up(runs: list[dict]) -> dict | None:
     """FOLLOW_UP's reading on its seeds where every follow-up arm and the study's otb_default and grpo_N4 ran: each
     arm's change at n per seed, and F1 and F2; None before then."""
-    seeds = FOLLOW_UP["design"]["seeds"]
-    found = _changes_at_n(runs, FOLLOW_UP_ARMS, seeds)
+    found = _changes_at_n(runs, FOLLOW_UP_ARMS, FOLLOW_UP["design"]["seeds"])
     if found is None:
         return None
-    at, moved = found
+    at = found["change_at_n"]
     f1 = all(u > d and u - d >= 0.5 * (g - d) for u, d, g in zip(at["otb_uniform"], at["otb_default"], at["grpo_N4"]))
     f2 = all(o >= 0 or o >= g for o, g in zip(at["otb_sgd"], at["grpo_sgd"]))
-    return {"seeds": seeds, "change_at_n": at, "weights_moved": moved, "F1": f1, "F2": f2}
+    return found | {"F1": f1, "F2": f2}
 
 
 def second_follow_up(runs: list[dict]) -> dict | None:
     """SECOND_FOLLOW_UP's reading on its seeds where both its arms and the study's otb_default and grpo_N4 ran: each
     arm's change at n per seed, and G1 and G2; None before then."""
-    seeds = SECOND_FOLLOW_UP["design"]["seeds"]
-    found = _changes_at_n(runs, SECOND_FOLLOW_UP_ARMS, seeds)
+    found = _changes_at_n(runs, SECOND_FOLLOW_UP_ARMS, SECOND_FOLLOW_UP["design"]["seeds"])
     if found is None:
         return None
-    at, moved = found
+    at = found["change_at_n"]
     d, g = at["otb_default"], at["grpo_N4"]
     g1 = all(x > o and x - o >= 0.5 * (h - o) for x, o, h in zip(at["otb_loo"], d, g))
     g2 = all(x < h and h - x >= 0.5 * (h - o) for x, o, h in zip(at["ogb"], d, g))
-    return {"seeds": seeds, "change_at_n": at, "weights_moved": moved, "G1": g1, "G2": g2}
+    return found | {"G1": g1, "G2": g2}
 
 
 def predictions(arms: dict) -> dict:

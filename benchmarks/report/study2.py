@@ -3,7 +3,7 @@ table, each cell's table of arms with their paired comparisons, and the decision
 
 from __future__ import annotations
 
-from benchmarks.report.tables import Context, markdown_table
+from benchmarks.report.tables import Context, auc_difference, markdown_table
 
 STUDY2 = "training_study2"
 ARM_LABELS2 = {
@@ -18,16 +18,6 @@ ARM_LABELS2 = {
     "grpo_N16": "GRPO, N=16 (std-scaled)",
 }
 REFERENCES = {"grpo_N4": "TRL's GRPO", "grpo_unscaled_N4": "unscaled GRPO", "otb_ref": "reference OTB"}
-
-
-def _auc_diff(t: dict | None) -> str:
-    """A paired auc difference: mean (95% interval), marked when the interval excludes 0 (over 2 seeds or more: one
-    seed's interval is a point); '-' when absent."""
-    if t is None:
-        return "-"
-    lo, hi = t["ci"]
-    mark = "" if t["seeds"] < 2 else " **higher**" if lo > 0 else " **lower**" if hi < 0 else ""
-    return f"{t['mean']:+.3f} ({lo:+.3f} to {hi:+.3f}){mark}"
 
 
 def _collapses(a: dict) -> str:
@@ -53,7 +43,7 @@ def study2_cell_table(data, cell: str) -> str:
     rows = []
     for arm, a in res["arms"].items():
         lo, hi = a["collapse_ci"]
-        paired = [_auc_diff(res["paired"].get(f"{arm}-{ref}", {}).get("auc")) for ref in REFERENCES]
+        paired = [auc_difference(res["paired"].get(f"{arm}-{ref}", {}).get("auc")) for ref in REFERENCES]
         rows.append(
             [
                 ARM_LABELS2[arm],
@@ -107,7 +97,7 @@ def study2_readme_table(ctx: Context) -> str:
         auc = res["paired"].get(f"{chosen}-grpo_N4", {}).get("auc")
         arms = res["arms"]
         collapses = " / ".join(_collapses(arms[a]) if a in arms else "-" for a in (chosen, "grpo_N4", "otb_ref"))
-        rows.append([cell, str(auc["seeds"]) if auc else "0", _auc_diff(auc), collapses])
+        rows.append([cell, str(auc["seeds"]) if auc else "0", auc_difference(auc), collapses])
     return "\n".join(markdown_table(header, ["---", "---:", "---:", "---:"], rows)) + f"\n\n({ctx.link(STUDY2)})"
 
 
@@ -154,7 +144,7 @@ def study3_table(ctx: Context) -> str:
         against = data["against_study2"].get(arm, {})
         a = res["arms"].get(arm)
         if "auc" in against:
-            own = _auc_diff(against["auc"])
+            own = auc_difference(against["auc"])
         elif "same_curves" in against:
             own = f"same rate: {against['same_curves']}/{against['seeds']} curves identical"
         else:
@@ -167,7 +157,7 @@ def study3_table(ctx: Context) -> str:
                 f"{data['rates'][arm]:.2g}" if arm in data["rates"] else "-",
                 f"{a['auc_mean']:.3f} ({a['runs']})" if a else "-",
                 _collapses(a) if a else "-",
-                _auc_diff(res["paired"].get(f"{arm}-grpo_N4", {}).get("auc")),
+                auc_difference(res["paired"].get(f"{arm}-grpo_N4", {}).get("auc")),
                 own,
             ]
         )

@@ -41,3 +41,13 @@ def markdown_table(header: list[str], align: list[str], rows) -> list[str]:
 
 def num(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def auc_difference(t: dict | None) -> str:
+    """A paired auc difference: mean (95% interval), marked when the interval excludes 0 (over 2 seeds or more: one
+    seed's interval is a point); '-' when absent."""
+    if t is None:
+        return "-"
+    lo, hi = t["ci"]
+    mark = "" if t["seeds"] < 2 else " **higher**" if lo > 0 else " **lower**" if hi < 0 else ""
+    return f"{t['mean']:+.3f} ({lo:+.3f} to {hi:+.3f}){mark}"

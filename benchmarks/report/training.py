@@ -3,7 +3,7 @@ cell, its precondition, and the sentences of the docs' verdict and of the README
 
 from __future__ import annotations
 
-from benchmarks.report.tables import Context, markdown_table
+from benchmarks.report.tables import Context, auc_difference, markdown_table
 
 # The earlier small training run (benchmarks/sample_efficiency.py --cpu-run), kept as a labelled footnote.
 TRAINING = "sample_efficiency_embedded_math"
@@ -398,9 +398,7 @@ def real_model_sentence(ctx: Context) -> str:
 
     def diff(pair: str) -> str:
         auc = paired[pair]["auc"]
-        lo, hi = auc["ci"]
-        verdict = ("**higher**" if lo > 0 else "**lower**") if auc["differ"] else "no different"
-        return f"{auc['mean']:+.3f} ({lo:+.3f} to {hi:+.3f}), {verdict}"
+        return auc_difference(auc) + ("" if auc["differ"] else ", no different")
 
     collapses = " / ".join(f"{arms[a]['collapsed']}/{arms[a]['runs']}" for a in ("otb_default", "grpo_N4", "otb_ref"))
     return (
