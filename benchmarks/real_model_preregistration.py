@@ -272,3 +272,50 @@ def _amended(base: dict, amendment: dict) -> dict:
 
 DESIGNS = {"far": PREREGISTRATION, "reach": _amended(PREREGISTRATION, AMENDMENT_REACH)}
 """Each design's whole pre-registration, by name (the harness's --design)."""
+
+
+RATE_FOLLOW_UP = {
+    "committed": "after the reach study's 24 runs (8 seeds x 3 arms) and their summary (real_model_study_reach.json), "
+    "before any run of this follow-up. Nothing of it has run: no policy has been trained with the default OTB at "
+    "3e-6 on a study seed",
+    "finding": "in the reach study the chosen default OTB (otb_tail='zero_advantage', at its pilot rate 1e-6) had a "
+    "lower auc than the reference OTB (otb_tail='zero', at its pilot rate 3e-6) on every one of the 8 seeds: paired "
+    "auc -0.101 [-0.118, -0.083], final -0.106 [-0.147, -0.061]",
+    "hypothesis": "the gap is the learning rate, not the tail rule. The two arms differ in both. The one-seed pilot "
+    "(seed 100) chose the default's 1e-6 over 3e-6 by an auc margin of 0.003 (0.585 against 0.582) and the "
+    "reference's 3e-6 over 1e-6 by less than 0.001 (0.578 and 0.578 shown), while one evaluation's sampling SE "
+    "there is about 0.04: both choices sit below the pilot's noise. At the same rate the two tails were within "
+    "0.007 auc of each other in the pilot (0.585 / 0.578 at 1e-6, 0.582 / 0.578 at 3e-6). The training studies on "
+    "the small model found the same of a one-seed pilot (the third study: re-tuned on four seeds, the candidates' "
+    "loss in 'long' went away)",
+    "arm": {"name": "otb_default_lr3e-06", "config_arm": "otb_default", "learning_rate": 3e-6},
+    "arm_notes": "the reach study's otb_default (OTBConfig()'s defaults, recorded per run) at the reference's chosen "
+    "rate, 3e-6, in its own cell reach_rate; everything else is the reach design's: model, task, prompts and their "
+    "order per seed, TRL's sampling seed, the evaluation and its seed (30000 + seed), budget, evaluation schedule, "
+    "collapse rule. A seed fixes the same randomness for every arm (the cell names only the output folder), so each "
+    "run pairs with the reach study's runs of the same seed. No fidelity check (it touches no gradient; the study "
+    "has one)",
+    "cell": "reach_rate",
+    "seeds": list(range(8)),
+    "cut_order": "if time runs out: seeds from 7 down, never below 6 for the intervals (the analysis uses the seeds "
+    "where this arm finished; with fewer than 6, the means only and no verdict)",
+    "comparisons": {
+        "primary": ["otb_default_lr3e-06", "otb_ref"],
+        "secondary": ["otb_default_lr3e-06", "otb_default"],
+        "against_grpo": ["otb_default_lr3e-06", "grpo_N4"],
+    },
+    "analysis": "the reach study's: per seed the difference in auc, final and tokens_to_target, its mean with a "
+    "paired percentile bootstrap 95% interval (10,000 resamples of the seeds, generator seed 0) from 6 paired seeds; "
+    "collapse counts with Wilson intervals. The other arms' runs are the reach study's (reach_main), unchanged",
+    "decision": "on auc. 'the rate': the primary interval contains 0 and the secondary interval lies above 0 (at the "
+    "reference's rate the default trains as the reference does, and better than at its own pilot rate). 'the tail': "
+    "the primary interval lies below 0 (at the same rate the default's tail still trains worse). Otherwise "
+    "'undecided', with the intervals reported. The against-GRPO comparison is reported, not decided on: it answers "
+    "whether the default at a better rate trains differently from TRL's GRPO",
+    "cost": "the reach study's otb_default and otb_ref runs took 1,430 to 2,970 CPU s each (median about 1,650); 8 "
+    "runs about 13,200 CPU s, 1.8 hours of wall time at 2 jobs on two free cores (6 seeds: 1.4 hours)",
+    "how": "nice -n 19 python -m benchmarks.real_model_study --rate-follow-up (--jobs 2 --threads 1, the defaults); "
+    "each run its own JSON under real_model_study/reach_rate/, committed as it finishes; the same command resumes; "
+    "--rate-follow-up --summary writes real_model_study_reach_rate.json and .png from what has finished",
+}
+"""A follow-up of the reach study, its mechanism tested: is the default's loss to the reference its learning rate?"""
