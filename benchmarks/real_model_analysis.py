@@ -69,9 +69,15 @@ MIN_SEEDS_FOR_INTERVAL = 6
 
 
 def summarise_cell(
-    runs: list[dict], arms: list[str], budget: float, target: float | None, min_last_length: float | None = None
+    runs: list[dict],
+    arms: list[str],
+    budget: float,
+    target: float | None,
+    min_last_length: float | None = None,
+    pairs=PAIRS,
 ) -> dict:
-    """Per arm: means, medians and collapse rate over seeds; per pair: the paired differences (module doc)."""
+    """Per arm: means, medians and collapse rate over seeds; per pair: the paired differences (module doc); per
+    seed: each arm's auc, final score, tokens to target, whether it reached the target and whether it collapsed."""
     metrics = {(r["arm"], r["seed"]): run_metrics(r, budget, target, min_last_length) for r in runs}
     out = {"arms": {}, "paired": {}}
     for arm, mine in by_arm(metrics, arms).items():
@@ -93,7 +99,17 @@ def summarise_cell(
             "tied_groups_mean": _mean(m["tied_groups_mean"] for m in mine),
             "cpu_seconds_total": sum(m["cpu_seconds"] for m in mine),
         }
-    for arm, ref in PAIRS:
+    # each seed's own numbers beside the means: a mean over few seeds hides a bimodal arm (half its seeds solve the
+    # task, half settle), and the paired intervals are read against them
+    out["seeds"] = {
+        str(seed): {
+            arm: {k: metrics[(arm, seed)][k] for k in ("auc", "final", "tokens_to_target", "reached", "collapsed")}
+            for arm in arms
+            if (arm, seed) in metrics
+        }
+        for seed in sorted({s for _, s in metrics})
+    }
+    for arm, ref in pairs:
         seeds = paired_seeds(metrics, arm, ref)
         if not seeds:
             continue
@@ -104,6 +120,20 @@ def summarise_cell(
             value = paired_bootstrap(diffs) if enough else {"mean": statistics.fmean(diffs), "seeds": len(seeds)}
             out["paired"][f"{arm}-{ref}"][name] = value
     return out
+
+
+def rate_verdict(paired: dict, comparisons: dict) -> str:
+    """The rate follow-up's pre-registered decision on auc (RATE_FOLLOW_UP["decision"]): 'the rate' when the primary
+    difference (the default at the reference's rate minus the reference) has an interval containing 0 and the
+    secondary (the same minus the default at its own rate) one above 0; 'the tail' when the primary's lies below 0;
+    else 'undecided'; no verdict before both have an interval (6 paired seeds)."""
+    primary, secondary = (paired.get("-".join(comparisons[k]), {}).get("auc", {}) for k in ("primary", "secondary"))
+    if "ci" not in primary or "ci" not in secondary:
+        return "none (fewer than 6 paired seeds)"
+    (p_lo, p_hi), (s_lo, _) = primary["ci"], secondary["ci"]
+    if p_lo <= 0 <= p_hi and s_lo > 0:
+        return "the rate"
+    return "the tail" if p_hi < 0 else "undecided"
 
 
 def checks(runs: list[dict], reference: dict) -> dict:

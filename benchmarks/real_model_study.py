@@ -8,6 +8,7 @@ SmolLM2-135M-Instruct, long completions (issue 27).
     python -m benchmarks.real_model_study                    # every study run not yet done, then the summary
     python -m benchmarks.real_model_study --summary          # the summary from the finished runs only
     python -m benchmarks.real_model_study --variance-check   # benchmarks.variance here (not needed: precondition)
+    python -m benchmarks.real_model_study --rate-follow-up   # the follow-up: the default at the reference's rate
 
 Run it at ``nice -n 19``; ``--jobs 2 --threads 1`` are the defaults. Everything that decides the answer is
 pre-registered in ``real_model_preregistration.py``, committed before the first run it governs and not changed after
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from benchmarks import real_model_analysis as analysis
 from benchmarks.common import CountingReward, command, run_outcome, step_clock, train_measuring_movement, write_json
-from benchmarks.real_model_preregistration import DESIGNS, PREREGISTRATION, REFERENCE, STEPS_FILE
+from benchmarks.real_model_preregistration import DESIGNS, PREREGISTRATION, RATE_FOLLOW_UP, REFERENCE, STEPS_FILE
 from benchmarks.real_model_task import count_task_reward, dataset, evaluate, group_signal, initial_score, load_policy
 from benchmarks.training_study import run_path, score_at
 from benchmarks.training_study.runs import STEP_KEYS as STUDY_STEP_KEYS
@@ -255,6 +256,56 @@ def summarise(out: Path, meta: dict, cells: dict, target: float | None, stem: st
     return summary
 
 
+def rate_follow_up_jobs(args) -> list[dict]:
+    """The rate follow-up's runs not yet finished: the default OTB at the reference's rate, one per seed, in its own
+    cell (RATE_FOLLOW_UP); the reach design's everything else, no fidelity check."""
+    fu, arm = RATE_FOLLOW_UP, RATE_FOLLOW_UP["arm"]
+    seeds = args.seeds if args.seeds is not None else fu["seeds"]
+    return [
+        make_job(args, fu["cell"], arm["name"], seed, arm["learning_rate"], config_arm=arm["config_arm"])
+        for seed in seeds
+        if not run_path(args.out, fu["cell"], arm["name"], seed, FOLDER).exists()
+    ]
+
+
+def rate_follow_up_summary(out: Path, meta: dict) -> dict:
+    """The follow-up's summary (real_model_study_reach_rate.json and .png): its runs beside the reach study's, the
+    pre-registered comparisons and the verdict; a check that its runs ran the reach study's default configuration."""
+    fu, pre = RATE_FOLLOW_UP, DESIGNS["reach"]
+    main_cell = f"{cell_prefix('reach')}main"
+    mine, theirs = load_runs(out, fu["cell"]), load_runs(out, main_cell)
+    runs = mine + theirs
+    arms = [fu["arm"]["name"], "otb_ref", "otb_default", "grpo_N4"]
+    pairs = [tuple(pair) for pair in fu["comparisons"].values()]
+    target = json.loads((Path(out) / f"{stem_of('reach')}_pilot.json").read_text())["target"]
+    budget, floor = pre["token_budget"], pre["collapse_min_last_length"]
+    cell = analysis.summarise_cell(runs, arms, budget, target, floor, pairs=pairs)
+
+    def config(run: dict) -> str:
+        return json.dumps({k: v for k, v in run["config"].items() if k != "learning_rate"}, sort_keys=True)
+
+    defaults = {config(r) for r in theirs if r["arm"] == fu["arm"]["config_arm"]}
+    summary = {
+        "meta": meta,
+        "design": "reach",
+        "preregistration": fu,
+        "target": target,
+        "checks": {
+            **analysis.checks(runs, REFERENCE),
+            "same_default_configuration": all(config(r) in defaults for r in mine) and len(defaults) == 1,
+        },
+        "cells": {fu["cell"]: cell},
+        "verdict": analysis.rate_verdict(cell["paired"], fu["comparisons"]),
+    }
+    stem = f"{stem_of('reach')}_rate"
+    write_json(Path(out) / f"{stem}.json", summary)
+    try:
+        analysis.plot({fu["cell"]: runs}, {fu["cell"]: budget}, arms, Path(out) / f"{stem}.png")
+    except ImportError as error:
+        print(error)
+    return summary
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Driving the runs
 # ----------------------------------------------------------------------------------------------------------------
@@ -375,6 +426,9 @@ def parse_args(argv=None):
     parser.add_argument("--variance-check", action="store_true", help="the variance benchmark here (15 CPU min)")
     parser.add_argument("--group-signal", action="store_true", help="tied groups by horizon, from the count pools")
     parser.add_argument(
+        "--rate-follow-up", action="store_true", help="the default OTB at the reference's rate (RATE_FOLLOW_UP)"
+    )
+    parser.add_argument(
         "--design",
         default="reach",
         choices=list(DESIGNS),
@@ -455,7 +509,29 @@ def main(argv=None):
         if args.measure_steps:
             data = measure_steps(args)
             return print(json.dumps(data["costs"], indent=1))
+        if args.rate_follow_up:
+            return _rate_follow_up(args)
         return _study(args)
+
+
+def _rate_follow_up(args) -> dict:
+    if args.design != "reach" or args.quick or args.pilot:
+        raise SystemExit("--rate-follow-up follows the reach study: pass it without --design far, --quick or --pilot")
+    if not args.summary:
+        _refuse_reference_default(args)
+        run_jobs(rate_follow_up_jobs(args), args.jobs)
+    summary = rate_follow_up_summary(args.out, {"command": command("real_model_study.py"), "quick": False})
+    for pair, metrics in next(iter(summary["cells"].values()))["paired"].items():
+        v = metrics["auc"]
+        interval = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if "ci" in v else f" ({v['seeds']} seeds, no interval)"
+        print(f"{pair:32s} auc {v['mean']:+.4f}{interval}")
+    print(f"verdict: {summary['verdict']}")
+    failed = analysis.failed_checks(summary["checks"])
+    if not summary["checks"]["same_default_configuration"]:
+        failed.append("the follow-up's runs are not the reach study's default configuration")
+    if failed:
+        raise SystemExit(f"preconditions failed, no conclusion: {failed} (summary's checks)")
+    return summary
 
 
 def _study(args) -> dict:

@@ -328,7 +328,7 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     """A real-model summary (a pilot's or the study's): per cell and arm, the rate, runs, held-out scores, target,
     collapses, tied groups, length and gradient norm; then, for the study (a pilot's single runs choose rates and
     are not compared), each pair's difference in auc, final score and tokens to target (95% bootstrap interval from
-    6 paired seeds; **differ**: it excludes 0)."""
+    6 paired seeds; **differ**: it excludes 0) and each seed's auc and final score per arm."""
     data = ctx.load(stem)
     header = ["cell", "arm", "rate", "runs", "held-out: start", "auc", "final (SE)", "reached target"]
     header += ["collapsed (95% interval)", "tied groups", "median length", "median grad norm"]
@@ -366,6 +366,19 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     if pairs:
         pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
         lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]
+    seeds = {} if pilot else next(iter(data["cells"].values())).get("seeds", {})
+    if seeds:  # each seed's own runs: a mean hides an arm whose seeds split
+        arms = list(next(iter(data["cells"].values()))["arms"])
+
+        def run(m: dict | None) -> str:
+            if m is None:
+                return "-"
+            mark = f", target at {m['tokens_to_target']:.0f}" if m["reached"] else ""
+            return f"{m['auc']:.3f} / {m['final']:.3f}{mark}" + (" collapsed" if m["collapsed"] else "")
+
+        s_rows = [[seed] + [run(found.get(arm)) for arm in arms] for seed, found in seeds.items()]
+        s_header = ["seed", *[f"{arm}: auc / final" for arm in arms]]
+        lines += ["", *markdown_table(s_header, ["---:", *["---:"] * len(arms)], s_rows)]
     if data.get("fidelity"):  # OTBConfig's in-training check, on the one run the pre-registration names
         f_header = ["proxy fidelity: arm, seed, step", "token Spearman", "token Pearson", "energy Spearman"]
         f_rows = [
@@ -382,14 +395,15 @@ REAL_MODEL = "real_model_study_reach"
 
 def real_model_sentence(ctx: Context) -> str:
     """The README's line on the pretrained model: per OTB arm, its auc minus TRL's GRPO's over the paired seeds
-    (with the 95% bootstrap interval once 6 seeds are paired; until then the seed count only), and the collapses."""
+    (with the 95% bootstrap interval once 6 seeds are paired; until then the seed count only), the default's minus
+    the reference's, and per arm the runs that reached the target and those that collapsed."""
     data = ctx.load(REAL_MODEL)
     found = data["cells"]["reach_main"]
     arms, paired = found["arms"], found["paired"]
     seeds = paired["otb_default-grpo_N4"]["auc"]["seeds"]
     where = (
         f"on a pretrained model ([SmolLM2-135M-Instruct]({ctx.to_root}docs/benchmarks.md#"
-        "the-chosen-default-on-a-real-model-pre-registered-amended-after-its-first-pilot-study-running), every "
+        "the-chosen-default-on-a-real-model-pre-registered-amended-after-its-first-pilot), every "
         "parameter trained, counting to n within 256 tokens, each arm at its own learning rate"
     )
     if "ci" not in paired["otb_default-grpo_N4"]["auc"]:
@@ -400,11 +414,14 @@ def real_model_sentence(ctx: Context) -> str:
         auc = paired[pair]["auc"]
         return auc_difference(auc) + ("" if auc["differ"] else ", no different")
 
-    collapses = " / ".join(f"{arms[a]['collapsed']}/{arms[a]['runs']}" for a in ("otb_default", "grpo_N4", "otb_ref"))
+    def count(key: str) -> str:
+        return " / ".join(f"{arms[a][key]}/{arms[a]['runs']}" for a in ("otb_default", "grpo_N4", "otb_ref"))
+
     return (
         f"{where}, {seeds} paired seeds) the default OTB's auc minus TRL's GRPO's was "
-        f"{diff('otb_default-grpo_N4')}, the reference OTB's {diff('otb_ref-grpo_N4')}; collapses (default / GRPO / "
-        f"ref. OTB): {collapses}"
+        f"{diff('otb_default-grpo_N4')}, the reference OTB's {diff('otb_ref-grpo_N4')}, and the default's minus the "
+        f"reference's {diff('otb_default-otb_ref')}; runs that reached the held-out target (default / GRPO / ref. "
+        f"OTB): {count('reached')}; collapses: {count('collapsed')}"
     )
 
 

@@ -117,6 +117,10 @@ def test_analysis_pairs_the_seeds_and_gives_an_interval_from_six_seeds():
     assert auc["differ"] and auc["ci"][0] > 0 and auc["seeds"] == 6
     assert six["paired"]["otb_ref-grpo_N4"]["final"]["mean"] == pytest.approx(0.0)
     assert six["arms"]["otb_default"]["runs"] == 6 and six["arms"]["grpo_N4"]["collapsed"] == 0
+    # each seed's own numbers: the paired differences are theirs
+    assert list(six["seeds"]) == [str(s) for s in range(6)] and set(six["seeds"]["3"]) == set(PRE["arms"])
+    diffs = [v["otb_default"]["auc"] - v["grpo_N4"]["auc"] for v in six["seeds"].values()]
+    assert sum(diffs) / 6 == pytest.approx(auc["mean"]) and not six["seeds"]["0"]["grpo_N4"]["collapsed"]
     five = analysis.summarise_cell(runs(range(5)), list(PRE["arms"]), 1000, 0.25)
     assert "ci" not in five["paired"]["otb_default-grpo_N4"]["auc"]  # fewer than 6 paired seeds: the mean only
 
@@ -372,6 +376,8 @@ def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
     default_row = next(line for line in text.splitlines() if "| otb_default-grpo_N4 |" in line)
     assert default_row.count("**differ**") >= 1 and "[" in default_row  # auc: +0.03 to +0.035 on every seed
     assert "| 0/6 (0.00-0.39) |" in text  # no collapse, with its Wilson interval
+    per_seed = next(line for line in text.splitlines() if line.startswith("| 5 |"))  # each seed's own runs
+    assert per_seed.count(" / ") == 3 and per_seed.count("target at") == 3  # every run passes 0.6 by its end
     assert "proxy fidelity" not in text  # no run checked the proxy: no table
     check = {"arm": "otb_default", "seed": 0, "step": 9, "token_spearman": 0.75, "token_pearson": 0.96}
     (tmp_path / "checked.json").write_text(
@@ -387,6 +393,7 @@ def test_the_results_block_shows_every_arm_and_pair_with_its_interval(tmp_path):
     (tmp_path / "pilot.json").write_text(json.dumps({"cells": five, "target": 0.6, "chosen": {"grpo_N4": 1e-5}}))
     text = real_model_cells(Context(results=tmp_path, to_root=""), "pilot")
     assert "Chosen rates (the highest auc per arm): grpo_N4 1e-05." in text and "arm minus reference" not in text
+    assert "auc / final" not in text  # a pilot's runs choose rates: no per-seed comparison
     assert text.count("| reach_main |") == 3 and "| - |" in text
 
 
@@ -416,7 +423,86 @@ def test_the_readme_sentence_gives_the_pretrained_verdict_only_from_six_paired_s
     five = sentence(range(5))
     assert five.endswith("the paired study has finished 5 of its 8 seeds, too few to compare") and "auc" not in five
     six = sentence(range(6))
-    assert "6 paired seeds" in six and "collapses (default / GRPO / ref. OTB): 0/6 / 0/6 / 0/6" in six
-    default, ref = six.split("the default OTB's auc minus TRL's GRPO's was ")[1].split(", the reference OTB's ")
+    assert "6 paired seeds" in six and six.endswith("collapses: 0/6 / 0/6 / 0/6")
+    assert "reached the held-out target (default / GRPO / ref. OTB): 6/6 / 6/6 / 6/6;" in six  # 0.6 by the end
+    default, rest = six.split("the default OTB's auc minus TRL's GRPO's was ")[1].split(", the reference OTB's ")
     assert default.startswith("+0.0") and default.endswith("**higher**")  # +0.0275 to +0.03 on every seed
-    assert ref.startswith("+0.000 (-0.001 to +0.001), no different;")  # +-0.001 alternating: the mean is 0
+    ref, between = rest.split(", and the default's minus the reference's ")
+    assert ref == "+0.000 (-0.001 to +0.001), no different"  # +-0.001 alternating: the mean is 0
+    assert between.startswith("+0.0") and between.split(";")[0].endswith("**higher**")
+
+
+# --- the rate follow-up (RATE_FOLLOW_UP) ----------------------------------------------------------------------------
+
+
+def test_the_rate_follow_up_runs_the_default_at_the_references_chosen_rate_in_its_own_cell(tmp_path):
+    from benchmarks.training_study import run_path
+
+    fu = study.RATE_FOLLOW_UP
+    pilot = json.loads((RESULTS / "real_model_study_reach_pilot.json").read_text())
+    assert fu["arm"]["learning_rate"] == pilot["chosen"]["otb_ref"] != pilot["chosen"]["otb_default"]
+    assert fu["arm"]["config_arm"] == "otb_default" and fu["seeds"] == REACH["seeds"]
+    assert all(arm in [fu["arm"]["name"], *REACH["arms"]] for pair in fu["comparisons"].values() for arm in pair)
+    args = study.parse_args(["--rate-follow-up", "--out", str(tmp_path)])
+    args.workdir = str(tmp_path)
+    jobs = study.rate_follow_up_jobs(args)
+    assert [j["seed"] for j in jobs] == fu["seeds"] and all("fidelity" not in j for j in jobs)
+    assert {(j["cell"], j["arm"], j["config_arm"], j["learning_rate"], j["design"]) for j in jobs} == {
+        ("reach_rate", "otb_default_lr3e-06", "otb_default", 3e-6, "reach")
+    }
+    assert jobs[0]["token_budget"] == REACH["token_budget"] and jobs[0]["task"]["train_targets"] == list(
+        range(36, 66, 2)
+    )
+    done = run_path(tmp_path, "reach_rate", "otb_default_lr3e-06", 0, study.FOLDER)
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    assert [j["seed"] for j in study.rate_follow_up_jobs(args)] == fu["seeds"][1:]  # a finished run is not rerun
+    with pytest.raises(SystemExit, match="follows the reach study"):
+        study.main(["--rate-follow-up", "--design", "far", "--out", str(tmp_path)])
+
+
+def test_the_rate_follow_up_pairs_with_the_reach_runs_and_applies_its_decision(tmp_path):
+    """Synthetic runs: the follow-up's arm beside the reach study's three; its verdict by the pre-registered rule."""
+    from benchmarks.training_study import run_path
+
+    fu = study.RATE_FOLLOW_UP
+    name = fu["arm"]["name"]
+    (tmp_path / "real_model_study_reach_pilot.json").write_text(json.dumps({"target": 0.9}))
+
+    def write(arm, seed, scores, cell="reach_main", config=None):
+        run = _synthetic(arm, seed, scores, lengths=(200.0, 150.0))
+        run["config"] = config or run["config"]
+        path = run_path(tmp_path, cell, arm, seed, study.FOLDER)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run))
+
+    def summary(follow_up_gap: float, seeds=range(6)):
+        for s in seeds:
+            base = 0.5 + 0.01 * s
+            write("grpo_N4", s, [base, base + 0.1, base + 0.3])
+            write("otb_ref", s, [base, base + 0.2, base + 0.3])
+            write("otb_default", s, [base, base + 0.05, base + 0.15])  # its own rate: lower
+            wobble = 0.002 * (-1) ** s
+            write(name, s, [base, base + 0.2 + follow_up_gap + wobble, base + 0.3], cell=fu["cell"])
+        return study.rate_follow_up_summary(tmp_path, {"command": "test"})
+
+    rate = summary(0.0)
+    assert rate["verdict"] == "the rate" and rate["checks"]["same_default_configuration"]
+    paired = rate["cells"]["reach_rate"]["paired"]
+    assert set(paired) == {f"{name}-otb_ref", f"{name}-otb_default", f"{name}-grpo_N4"}
+    assert paired[f"{name}-otb_ref"]["auc"]["seeds"] == 6 and paired[f"{name}-otb_default"]["auc"]["ci"][0] > 0
+    assert (
+        rate["cells"]["reach_rate"]["arms"][name]["runs"] == 6
+        and (tmp_path / "real_model_study_reach_rate.json").exists()
+    )
+    assert summary(-0.05)["verdict"] == "the tail"  # at the same rate, still below the reference on every seed
+    assert summary(+0.05)["verdict"] == "undecided"  # above the reference: neither reading
+    write(name, 0, [0.5, 0.6, 0.7], cell=fu["cell"], config={"otb_tail": "zero", "scale_rewards": "none"})
+    assert not study.rate_follow_up_summary(tmp_path, {})["checks"]["same_default_configuration"]
+
+
+def test_the_rate_verdict_waits_for_six_paired_seeds():
+    comparisons = study.RATE_FOLLOW_UP["comparisons"]
+    five = {"-".join(comparisons[k]): {"auc": {"mean": 0.1, "seeds": 5}} for k in ("primary", "secondary")}
+    assert analysis.rate_verdict(five, comparisons) == "none (fewer than 6 paired seeds)"
+    assert analysis.rate_verdict({}, comparisons).startswith("none")
