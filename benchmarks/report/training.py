@@ -328,7 +328,7 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     """A real-model summary (a pilot's or the study's): per cell and arm, the rate, runs, held-out scores, target,
     collapses, tied groups, length and gradient norm; then, for the study (a pilot's single runs choose rates and
     are not compared), each pair's difference in auc, final score and tokens to target (95% bootstrap interval from
-    6 paired seeds; **differ**: it excludes 0) and each seed's auc and final score per arm."""
+    6 paired seeds; **differ**: it excludes 0) and each seed's auc and final score per arm; a follow-up's verdict."""
     data = ctx.load(stem)
     header = ["cell", "arm", "rate", "runs", "held-out: start", "auc", "final (SE)", "reached target"]
     header += ["collapsed (95% interval)", "tied groups", "median length", "median grad norm"]
@@ -366,6 +366,8 @@ def real_model_cells(ctx: Context, stem: str) -> str:
     if pairs:
         pair_header = ["cell", "arm minus reference", "auc", "final", "tokens to target"]
         lines += ["", *markdown_table(pair_header, ["---", "---", "---:", "---:", "---:"], pairs)]
+    if data.get("verdict"):  # a follow-up's pre-registered decision
+        lines += ["", f"Pre-registered verdict: {data['verdict']}."]
     seeds = {} if pilot else next(iter(data["cells"].values())).get("seeds", {})
     if seeds:  # each seed's own runs: a mean hides an arm whose seeds split
         arms = list(next(iter(data["cells"].values()))["arms"])

@@ -495,6 +495,12 @@ def test_the_rate_follow_up_pairs_with_the_reach_runs_and_applies_its_decision(t
         rate["cells"]["reach_rate"]["arms"][name]["runs"] == 6
         and (tmp_path / "real_model_study_reach_rate.json").exists()
     )
+    from benchmarks.report.tables import Context
+    from benchmarks.report.training import real_model_cells
+
+    block = real_model_cells(Context(results=tmp_path, to_root=""), "real_model_study_reach_rate")
+    assert "Pre-registered verdict: the rate." in block and f"| reach_rate | {name}-otb_ref |" in block
+    assert block.count("| reach_rate |") == 4 + 3  # four arms, three comparisons
     assert summary(-0.05)["verdict"] == "the tail"  # at the same rate, still below the reference on every seed
     assert summary(+0.05)["verdict"] == "undecided"  # above the reference: neither reading
     write(name, 0, [0.5, 0.6, 0.7], cell=fu["cell"], config={"otb_tail": "zero", "scale_rewards": "none"})
