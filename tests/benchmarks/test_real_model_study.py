@@ -476,7 +476,7 @@ def test_the_rate_follow_up_pairs_with_the_reach_runs_and_applies_its_decision(t
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(run))
 
-    def summary(follow_up_gap: float, seeds=range(6)):
+    def summary(follow_up_gap: float, seeds=(0, 1, 2, 3, 4, 5)):
         for s in seeds:
             base = 0.5 + 0.01 * s
             write("grpo_N4", s, [base, base + 0.1, base + 0.3])
