@@ -423,7 +423,43 @@ def real_model_sentence(ctx: Context) -> str:
         f"{where}, {seeds} paired seeds) the default OTB's auc minus TRL's GRPO's was "
         f"{diff('otb_default-grpo_N4')}, the reference OTB's {diff('otb_ref-grpo_N4')}, and the default's minus the "
         f"reference's {diff('otb_default-otb_ref')}; runs that reached the held-out target (default / GRPO / ref. "
-        f"OTB): {count('reached')}; collapses: {count('collapsed')}"
+        f"OTB): {count('reached')}; collapses: {count('collapsed')}{rate_follow_up_clause(ctx)}"
+    )
+
+
+REAL_MODEL_RATE = "real_model_study_reach_rate"
+RATE_VERDICTS = {
+    "the rate": "its learning rate, not its tail rule",
+    "the tail": "its tail rule, not its learning rate",
+    "undecided": "undecided",
+}
+
+
+def rate_follow_up_clause(ctx: Context) -> str:
+    """The README line's ending from the rate follow-up (the default at the reference's rate, paired with the reach
+    study's runs), once it has a pre-registered verdict: its auc minus the reference's and minus TRL's GRPO's, its
+    runs that reached the target, and the verdict. Empty while it has none (or has not run)."""
+    path = ctx.results / f"{REAL_MODEL_RATE}.json"
+    if not path.exists():
+        return ""
+    data = ctx.load(REAL_MODEL_RATE)
+    if data.get("verdict") not in RATE_VERDICTS:  # "none (fewer than 6 paired seeds)"
+        return ""
+    name = data["preregistration"]["arm"]["name"]
+    rate = data["preregistration"]["arm"]["learning_rate"]
+    found = data["cells"][data["preregistration"]["cell"]]
+    paired, arm = found["paired"], found["arms"][name]
+
+    def diff(other: str) -> str:
+        auc = paired[f"{name}-{other}"]["auc"]
+        return auc_difference(auc) + ("" if auc["differ"] else ", no different")
+
+    return (
+        f". Run at the reference's rate ({rate:g}; the pre-registered [rate follow-up]({ctx.to_root}docs/"
+        "benchmarks.md#the-default-at-the-references-rate-the-rate-follow-up-pre-registered), the same seeds), the "
+        f"default's auc minus the reference's was {diff('otb_ref')}, and minus TRL's GRPO's {diff('grpo_N4')}; it "
+        f"reached the target in {arm['reached']}/{arm['runs']} runs and collapsed in {arm['collapsed']}/{arm['runs']}; "
+        f"the pre-registered verdict on the default's gap to the reference: {RATE_VERDICTS[data['verdict']]}"
     )
 
 

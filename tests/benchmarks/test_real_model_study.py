@@ -501,7 +501,17 @@ def test_the_rate_follow_up_pairs_with_the_reach_runs_and_applies_its_decision(t
     block = real_model_cells(Context(results=tmp_path, to_root=""), "real_model_study_reach_rate")
     assert "Pre-registered verdict: the rate." in block and f"| reach_rate | {name}-otb_ref |" in block
     assert block.count("| reach_rate |") == 4 + 3  # four arms, three comparisons
+    from benchmarks.report.training import rate_follow_up_clause
+
+    clause = rate_follow_up_clause(Context(results=tmp_path, to_root=""))
+    assert clause.startswith(". Run at the reference's rate (3e-06; the pre-registered [rate follow-up](docs/")
+    assert "the default's auc minus the reference's was +0.000 (" in clause and "), no different, and minus" in clause
+    assert clause.endswith("collapsed in 0/6; the pre-registered verdict on the default's gap to the reference: its "
+                           "learning rate, not its tail rule")  # fmt: skip
     assert summary(-0.05)["verdict"] == "the tail"  # at the same rate, still below the reference on every seed
+    assert rate_follow_up_clause(Context(results=tmp_path, to_root="")).endswith(
+        "its tail rule, not its learning rate"
+    )
     assert summary(+0.05)["verdict"] == "undecided"  # above the reference: neither reading
     write(name, 0, [0.5, 0.6, 0.7], cell=fu["cell"], config={"otb_tail": "zero", "scale_rewards": "none"})
     assert not study.rate_follow_up_summary(tmp_path, {})["checks"]["same_default_configuration"]
@@ -512,3 +522,13 @@ def test_the_rate_verdict_waits_for_six_paired_seeds():
     five = {"-".join(comparisons[k]): {"auc": {"mean": 0.1, "seeds": 5}} for k in ("primary", "secondary")}
     assert analysis.rate_verdict(five, comparisons) == "none (fewer than 6 paired seeds)"
     assert analysis.rate_verdict({}, comparisons).startswith("none")
+
+
+def test_the_readme_says_nothing_of_the_rate_follow_up_before_its_verdict(tmp_path):
+    from benchmarks.report.tables import Context
+    from benchmarks.report.training import REAL_MODEL_RATE, rate_follow_up_clause
+
+    ctx = Context(results=tmp_path, to_root="")
+    assert rate_follow_up_clause(ctx) == ""  # not run
+    (tmp_path / f"{REAL_MODEL_RATE}.json").write_text(json.dumps({"verdict": "none (fewer than 6 paired seeds)"}))
+    assert rate_follow_up_clause(ctx) == ""
