@@ -395,6 +395,12 @@ def real_model_cells(ctx: Context, stem: str) -> str:
 REAL_MODEL = "real_model_study_reach"
 
 
+def _auc_reading(auc: dict) -> str:
+    """A paired auc difference for the README line: mean (95% interval), and 'no different' where the interval
+    contains 0."""
+    return auc_difference(auc) + ("" if auc["differ"] else ", no different")
+
+
 def real_model_sentence(ctx: Context) -> str:
     """The README's line on the pretrained model: per OTB arm, its auc minus TRL's GRPO's over the paired seeds
     (with the 95% bootstrap interval once 6 seeds are paired; until then the seed count only), the default's minus
@@ -413,8 +419,7 @@ def real_model_sentence(ctx: Context) -> str:
         return f"{where}) the paired study has finished {seeds} of its {planned} seeds, too few to compare"
 
     def diff(pair: str) -> str:
-        auc = paired[pair]["auc"]
-        return auc_difference(auc) + ("" if auc["differ"] else ", no different")
+        return _auc_reading(paired[pair]["auc"])
 
     def count(key: str) -> str:
         return " / ".join(f"{arms[a][key]}/{arms[a]['runs']}" for a in ("otb_default", "grpo_N4", "otb_ref"))
@@ -427,7 +432,7 @@ def real_model_sentence(ctx: Context) -> str:
     )
 
 
-REAL_MODEL_RATE = "real_model_study_reach_rate"
+REAL_MODEL_RATE = f"{REAL_MODEL}_rate"  # the rate follow-up's summary (real_model_study --rate-follow-up)
 RATE_VERDICTS = {
     "the rate": "its learning rate, not its tail rule",
     "the tail": "its tail rule, not its learning rate",
@@ -451,8 +456,7 @@ def rate_follow_up_clause(ctx: Context) -> str:
     paired, arm = found["paired"], found["arms"][name]
 
     def diff(other: str) -> str:
-        auc = paired[f"{name}-{other}"]["auc"]
-        return auc_difference(auc) + ("" if auc["differ"] else ", no different")
+        return _auc_reading(paired[f"{name}-{other}"]["auc"])
 
     return (
         f". Run at the reference's rate ({rate:g}; the pre-registered [rate follow-up]({ctx.to_root}docs/"
