@@ -70,7 +70,9 @@ def estimators(rewards, proxy, mask, group_ids, is_weights, num_prompts, group_s
     return {
         "floor": lambda: floor_advantages(finite, proxy, mask, num_prompts, group_size),
         "otb": lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", is_weights=is_weights),
-        "otb_loo": lambda: otb_advantages(rewards, proxy, mask, group_ids, is_weights=is_weights, leave_one_out=True),
+        "otb_loo": lambda: otb_advantages(
+            rewards, proxy, mask, group_ids, is_weights=is_weights, leave_one_out=True, tail="zero"
+        ),
         "grpo": lambda: grpo_advantages(rewards, proxy, mask, group_ids),
         "grpo_std": lambda: grpo_advantages(rewards, proxy, mask, group_ids, scale="group"),
         "rloo": lambda: rloo_advantages(rewards, proxy, mask, group_ids),

@@ -13,13 +13,6 @@ TRAINING_PROXIES = ("logit", "uniform")
 # TRL losses that use the advantage elementwise, token by token: the only ones a token-level estimator may feed.
 # (VESPO picks its gamma shape per *sequence* from the advantage's sign, which OTB's can change inside a sequence.)
 TOKEN_LEVEL_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
-# OTBConfig field -> the estimator option it sets (trl_otb.core's registry says which estimator takes which).
-ESTIMATOR_OPTION_FIELDS = {
-    "otb_epsilon": "eps",
-    "otb_tail": "tail",
-    "otb_align": "align",
-    "otb_leave_one_out": "leave_one_out",
-}
 
 
 @dataclass
@@ -27,121 +20,99 @@ class OTBConfig(GRPOConfig):
     r"""
     Configuration for [`OTBTrainer`]: every [`trl.GRPOConfig`] field, plus the options below.
 
+    Each option's semantics are written once, in docs/options.md (one section per option).
+
     Parameters:
         advantage_estimator (`str`, *optional*, defaults to `"otb"`):
-            How advantages are formed from rewards. `"otb"`: the Optimal Token Baseline (token-level,
-            energy-weighted). `"grpo"`: TRL's own advantages, as GRPOTrainer computes them (group mean, with
-            `scale_rewards` and `multi_objective_aggregation`), but for one difference: a completion with a +-inf
-            reward is unscorable (advantage 0), where GRPOTrainer would give its whole group non-finite
-            advantages. `"rloo"`: leave-one-out mean. `"opo"`: length-weighted mean. `"ogb"`: energy-weighted mean, one value per sequence.
+            How advantages are formed: `"otb"` (token-level OTB), `"grpo"` (TRL's own), `"rloo"`, `"opo"` or `"ogb"`.
         otb_proxy (`str`, *optional*, defaults to `"logit"`):
-            Per-token weight w_t of the energy. `"logit"`: 1 - 2 pi(y_t) + sum_v pi(v)^2 from the rollout
-            pass. `"uniform"`: w_t = 1 (the paper's uniform ablation; no extra statistics needed).
+            Per-token weight w_t of the energy: `"logit"` (1 - 2 pi(y_t) + sum_v pi(v)^2) or `"uniform"` (w_t = 1).
         otb_epsilon (`float`, *optional*, defaults to `1e-8`):
             Added to the baseline's denominator sum_i W_t^(i).
         otb_tail (`str`, *optional*, defaults to `"zero_advantage"`):
-            The baseline where a group cannot estimate one: a token where its completion is the only one of the
-            group still active (the tail of a strictly-longest completion, a group with one valid completion, and
-            with `otb_leave_one_out` any token no other completion shares). Offset-dependent (A = R where the
-            baseline is forced to 0, so adding a constant to every reward changes those advantages):
-            `"zero"`, the reference (verl's rule, baseline 0 past the second-longest length) and `"none"` (the
-            computed baseline, advantage ~0 there). Shift-invariant (rewards centred in their group first; a
-            group whose rewards tie gets advantage 0 exactly): `"group_mean"` (the group's mean reward),
-            `"sequence_baseline"` (the group's energy-weighted sequence-level baseline, OGB's),
-            `"last_baseline"` (the last baseline two or more completions shared), `"zero_advantage"` (no
-            update there). The default, `"zero_advantage"` (without leave-one-out or std scaling), was chosen by
-            the second training study's pre-registered rule (docs/benchmarks.md, "Should I use OTB?"): no
-            shift-invariant candidate trained at least as well as TRL's default GRPO on every task, so the rule
-            fell back to the candidate with the lowest gradient MSE at N=4 (docs/method.md says why; OTB did not
-            match GRPO in training). docs/options.md compares the values.
+            The baseline at a token no other member of the group shares; `"zero_advantage"` gives advantage 0 there.
         otb_align (`str` or `None`, *optional*, defaults to `None`):
-            `"position"` compares group members at the same completion index, `"valid"` at their k-th
-            model-generated token. `None` picks `"valid"` when a tool mask is present, else `"position"`.
+            Compare members at the same index (`"position"`) or k-th model token (`"valid"`); `None` picks by tool mask.
         otb_leave_one_out (`bool`, *optional*, defaults to `False`):
-            Each member's baseline uses only the other members (removes the O(1/N) self-inclusion bias).
+            Each member's baseline uses only the other members of its group.
         otb_fidelity_check_steps (`int`, *optional*, defaults to `0`):
-            Every this many optimizer steps (at a generation batch), compare the proxy with the exact
-            per-token gradient norm of the trained parameters on `otb_fidelity_rows` rollout rows and log
-            `otb/fidelity/*`. 0 turns it off. Costs about one single-row backward per token checked.
+            Every this many optimizer steps, check the proxy against exact per-token gradient norms; 0 turns it off.
         otb_fidelity_rows (`int`, *optional*, defaults to `2`):
             Rollout rows per process used by the fidelity check.
         otb_fidelity_min_energy_spearman (`float`, *optional*, defaults to `0.85`):
-            Warn when the Spearman correlation between the proxy's energy W_t and the exact one falls below
-            this (measured 0.91-0.93 on SmolLM2 full, LoRA and QLoRA; see docs/fidelity.md).
+            Warn when the proxy energy's Spearman correlation with the exact one falls below this.
         num_generations (`int`, *optional*, defaults to `4`):
-            Group size N. OTB needs N >= 2. The paper reports OTB at N=4 matching baselines at N=32; this
-            project's two training studies did not reproduce that at their scale: no OTB at N=4 trained at least as
-            well as TRL's GRPO at N=4 on every task (docs/benchmarks.md, "Should I use OTB?").
+            Group size N; training needs N >= 2.
         scale_rewards (`str` or `None`, *optional*, defaults to `None`):
-            As in GRPOConfig (`"group"`, `"batch"`, `"none"`). `None` follows `advantage_estimator`: `"group"`,
-            GRPOConfig's default, for `"grpo"` (TRL's GRPO as GRPOTrainer runs it); `"none"` for the others, whose
-            advantages are raw (no std division) and which refuse any other value.
+            As in GRPOConfig; `None` means `"group"` for `"grpo"` and `"none"` (raw advantages) for the others.
     """
 
     advantage_estimator: str = field(
         default="otb",
         metadata={
-            "help": "How advantages are formed: 'otb' (Optimal Token Baseline, token-level), 'grpo' (group mean, "
-            "uses scale_rewards), 'rloo' (leave-one-out mean), 'opo' (length-weighted mean) or 'ogb' "
-            "(energy-weighted mean, one value per sequence)."
+            "help": "How advantages are formed: 'otb' (token-level OTB), 'grpo' (TRL's own), 'rloo', 'opo' or 'ogb'. "
+            "See docs/options.md#advantage_estimator."
         },
     )
     otb_proxy: str = field(
         default="logit",
         metadata={
-            "help": "Per-token weight of the energy: 'logit' (1 - 2 pi(y) + sum pi^2, from the rollout pass) or "
-            "'uniform' (w = 1, the paper's ablation)."
+            "help": "Per-token weight w_t of the energy: 'logit' (1 - 2 pi(y) + sum pi^2) or 'uniform' (w = 1). "
+            "See docs/options.md#otb_proxy."
         },
     )
     otb_epsilon: float = field(
         default=1e-8,
-        metadata={"help": "Added to the OTB baseline's denominator sum_i W_t m_t."},
+        metadata={"help": "Added to the baseline's denominator sum_i W_t m_t. See docs/options.md#otb_epsilon."},
     )
     otb_tail: str = field(
         default="zero_advantage",
         metadata={
-            "help": "Baseline where one completion alone is active in its group. Offset-dependent: 'zero' (the "
-            "reference: baseline 0, A = R past the second-longest length), 'none' (the computed baseline). "
-            "Shift-invariant (rewards centred per group; ties give 0): 'group_mean', 'sequence_baseline' (OGB's), "
-            "'last_baseline' (last shared one), 'zero_advantage' (the default: A = 0 there)."
+            "help": "The baseline at a token no other member of the group shares; 'zero_advantage' gives advantage 0 "
+            "there. See docs/options.md#otb_tail."
         },
     )
     otb_align: str | None = field(
         default=None,
         metadata={
-            "help": "'position' (same completion index) or 'valid' (k-th model-generated token, for tool calling). "
-            "None: 'valid' when a tool mask is present, else 'position'."
+            "help": "Compare members at the same index ('position') or k-th model token ('valid'); None picks by "
+            "tool mask. See docs/options.md#otb_align."
         },
     )
     otb_leave_one_out: bool = field(
         default=False,
-        metadata={"help": "Each member's OTB baseline uses only the other members of its group."},
+        metadata={
+            "help": "Each member's baseline uses only the other members of its group. "
+            "See docs/options.md#otb_leave_one_out."
+        },
     )
     otb_fidelity_check_steps: int = field(
         default=0,
         metadata={
-            "help": "Every this many optimizer steps, check the proxy against exact per-token gradient norms of the "
-            "trained parameters on a few rollout rows and log otb/fidelity/*. 0 = off."
+            "help": "Every this many optimizer steps, check the proxy against exact per-token gradient norms; "
+            "0 = off. See docs/options.md#otb_fidelity."
         },
     )
     otb_fidelity_rows: int = field(
         default=2,
-        metadata={"help": "Rollout rows per process used by the fidelity check."},
+        metadata={"help": "Rollout rows per process used by the fidelity check. See docs/options.md#otb_fidelity."},
     )
     otb_fidelity_min_energy_spearman: float = field(
         default=0.85,
-        metadata={"help": "Warn when the energy W_t's Spearman correlation with the exact one falls below this."},
+        metadata={
+            "help": "Warn when the proxy energy's Spearman correlation with the exact one falls below this. "
+            "See docs/options.md#otb_fidelity."
+        },
     )
     num_generations: int | None = field(
         default=4,
-        metadata={"help": "Number of completions per prompt (group size N). OTB needs N >= 2."},
+        metadata={"help": "Group size N; training needs N >= 2. See docs/options.md#num_generations."},
     )
     scale_rewards: str | None = field(
         default=None,
         metadata={
-            "help": "Reward scaling as in GRPOConfig ('group', 'batch', 'none'). None follows advantage_estimator: "
-            "'group' (GRPOConfig's default) for 'grpo', 'none' for the others, whose advantages are raw and which "
-            "accept no other value."
+            "help": "As in GRPOConfig; None means 'group' for 'grpo' and 'none' (raw advantages) for the others. "
+            "See docs/options.md#scale_rewards."
         },
     )
 
@@ -151,6 +122,32 @@ class OTBConfig(GRPOConfig):
             self.scale_rewards = "group" if self.advantage_estimator == "grpo" else "none"
         super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
         self._validate_against_grpo()
+
+    def estimator_options(self, *, align: str | None = None) -> dict[str, object]:
+        """The keyword arguments this config gives the chosen estimator's function, by name.
+
+        ``compute_advantages(self.advantage_estimator, ..., **self.estimator_options())`` runs the configured
+        estimator. Options it does not take are left out; ``is_weights`` comes from the batch, not the config.
+        ``align`` is the batch's resolved alignment; without it, ``otb_align`` (``"position"`` when that is None).
+        """
+        options = {option: value for option, (_, value) in self._option_fields().items()}
+        options["align"] = align or self.otb_align or "position"
+        taken = ESTIMATORS[self.advantage_estimator].options
+        return {option: value for option, value in options.items() if option in taken}
+
+    def _option_fields(self) -> dict[str, tuple[str, object]]:
+        """Estimator option -> (the OTBConfig field that sets it, its value): where a field meets its option."""
+        return {
+            "eps": ("otb_epsilon", self.otb_epsilon),
+            "tail": ("otb_tail", self.otb_tail),
+            "align": ("otb_align", self.otb_align),
+            "leave_one_out": ("otb_leave_one_out", self.otb_leave_one_out),
+        }
+
+    def _fields_taken_text(self) -> str:
+        taken = ESTIMATORS[self.advantage_estimator].options
+        names = [name for option, (name, _) in self._option_fields().items() if option in taken]
+        return ", ".join(names) if names else "no OTB option"
 
     def _validate_otb_fields(self):
         """OTBConfig's own fields, and the options the chosen estimator does not use."""
@@ -187,19 +184,18 @@ class OTBConfig(GRPOConfig):
                 "needs at least 2 per group (with 1 it degenerates to plain REINFORCE). Set num_generations >= 2 "
                 "(4 is the paper's choice)."
             )
-        # num_generations_eval=1 is allowed: evaluation takes no gradient step. Each evaluation completion is a
-        # singleton group: advantage R under the reference tail ("zero"/"none"), 0 under every other estimator/tail.
+        # num_generations_eval=1 is allowed: evaluation takes no gradient step, and each completion is a singleton
+        # group (advantage 0 under the shift-invariant tails and the other estimators, R under "zero" and "none").
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             _fail(f"num_generations_eval={self.num_generations_eval}: set it to 1 or more (or None: num_generations).")
         estimator = ESTIMATORS[self.advantage_estimator]
         defaults = {f.name: f.default for f in fields(OTBConfig)}
-        for name, option in ESTIMATOR_OPTION_FIELDS.items():
-            if getattr(self, name) != defaults[name] and option not in estimator.options:
+        for option, (name, value) in self._option_fields().items():
+            if value != defaults[name] and option not in estimator.options:
                 _fail(
-                    f"{name}={getattr(self, name)!r} has no effect with advantage_estimator="
-                    f"{self.advantage_estimator!r}, which takes {_options_text(estimator)}. Leave {name} at its "
-                    f"default ({defaults[name]!r}), or use an estimator that takes it "
-                    f"({[e for e in ESTIMATORS if option in ESTIMATORS[e].options]})."
+                    f"{name}={value!r} has no effect with advantage_estimator={self.advantage_estimator!r}, which "
+                    f"takes {self._fields_taken_text()}. Leave {name} at its default ({defaults[name]!r}), or use an "
+                    f"estimator that takes it ({[e for e in ESTIMATORS if option in ESTIMATORS[e].options]})."
                 )
         if self.otb_proxy != defaults["otb_proxy"] and not estimator.uses_proxy:
             _fail(
@@ -242,11 +238,6 @@ class OTBConfig(GRPOConfig):
 
 def _fail(message: str):
     raise ValueError(f"OTBConfig: {message}")
-
-
-def _options_text(estimator) -> str:
-    taken = [f for f, option in ESTIMATOR_OPTION_FIELDS.items() if option in estimator.options]
-    return "no OTB option" if not taken else ", ".join(taken)
 
 
 def otb_fields_markdown() -> str:

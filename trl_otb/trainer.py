@@ -34,7 +34,7 @@ from . import compat, sharding
 from .bnb import guard_4bit_cpu_repack
 from .capture import BatchCapture, GatheredGroups, LogProbPass, recording_hook
 from .card import extend_model_card
-from .config import ESTIMATOR_OPTION_FIELDS, OTBConfig
+from .config import OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .inputs import (
@@ -157,7 +157,8 @@ class OTBTrainer(GRPOTrainer):
             check_batch_prompts(inputs)
         mode = "train" if self.model.training else "eval"
         with self._otb_capturing() as capture:
-            batch = super()._generate_and_score_completions(inputs)  # runs the three overrides below
+            # TRL's method; the overrides below record into the capture whenever it calls them.
+            batch = super()._generate_and_score_completions(inputs)
             proxy = self._otb_local_proxy(batch, capture)  # may run one more no-grad pass, into the capture
         groups = self._otb_gather(batch, proxy, self._otb_weighted_rewards(capture.rewards()))
         advantages = self._otb_estimate(groups)
@@ -191,16 +192,6 @@ class OTBTrainer(GRPOTrainer):
         if self._otb_capture is not None:
             self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = function gave None
         return rewards_per_func
-
-    def _get_grad_norm(self, model, grad_norm=None):
-        """transformers' gradient norm of this optimizer step; a non-finite one is warned and counted
-        (``otb/nonfinite_grad_norm``, the share of steps)."""
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        finite = grad_norm is None or math.isfinite(float(grad_norm))
-        self._metrics["train"]["otb/nonfinite_grad_norm"].append(0.0 if finite else 1.0)
-        if not finite and self.accelerator.is_main_process:
-            warn_nonfinite_grad_norm(self.state.global_step + 1, float(grad_norm))
-        return grad_norm
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         capture = self._otb_capture
@@ -330,10 +321,10 @@ class OTBTrainer(GRPOTrainer):
             # with a +-inf reward reached TRL unscorable (_calculate_rewards), so it gets advantage 0 where
             # GRPOTrainer would give its whole group non-finite advantages.
             return groups.trl_advantages[:, None] * groups.mask
-        options = {option: getattr(self.args, field) for field, option in ESTIMATOR_OPTION_FIELDS.items()}
-        options.update(align=groups.align, is_weights=groups.is_weights)  # resolved for this batch
-        taken = {k: v for k, v in options.items() if k in ESTIMATORS[name].options}
-        return compute_advantages(name, groups.rewards, groups.proxy, groups.mask, groups.group_ids, **taken)
+        options = self.args.estimator_options(align=groups.align)  # the alignment resolved for this batch
+        if "is_weights" in ESTIMATORS[name].options:
+            options["is_weights"] = groups.is_weights
+        return compute_advantages(name, groups.rewards, groups.proxy, groups.mask, groups.group_ids, **options)
 
     def _otb_log(self, groups: GatheredGroups, advantages: torch.Tensor, mode: str) -> None:
         """``otb/*`` metrics, and the completions table's advantage column."""
@@ -352,6 +343,18 @@ class OTBTrainer(GRPOTrainer):
         for _ in range(min(len(table), per_sequence.numel())):
             table.pop()
         table.extend(per_sequence.tolist())
+
+    # --- the optimizer step: transformers' gradient norm, with a non-finite one warned and counted ----------------
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers' gradient norm of this optimizer step; a non-finite one is warned and counted
+        (``otb/nonfinite_grad_norm``, the share of steps)."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        finite = grad_norm is None or math.isfinite(float(grad_norm))
+        self._metrics["train"]["otb/nonfinite_grad_norm"].append(0.0 if finite else 1.0)
+        if not finite and self.accelerator.is_main_process:
+            warn_nonfinite_grad_norm(self.state.global_step + 1, float(grad_norm))
+        return grad_norm
 
     # --- the in-training fidelity check -------------------------------------------------------------------------
 

@@ -26,8 +26,8 @@ VARIANCE_ESTIMATORS = {
     "rloo": ("rloo", {}),
     "opo": ("opo", {}),
     "ogb": ("ogb", {}),
-    "otb": ("otb", {}),
-    "otb_loo": ("otb", {"leave_one_out": True}),
+    "otb": ("otb", {"tail": "zero"}),
+    "otb_loo": ("otb", {"tail": "zero", "leave_one_out": True}),
 }
 """The estimators trl-otb ships, by their names in the JSON: (the core's estimator, its options)."""
 PAIRS = (("otb", "grpo"), ("otb", "ogb"))

@@ -104,7 +104,9 @@ def test_group_coefficients_reproduce_the_estimators_gradient(tiny_model):
     from trl_otb import otb_advantages
 
     for row, members in zip(C, groups):
-        adv = otb_advantages(R[members], proxy[members], mask[members], torch.zeros(3, dtype=torch.long)).double()
+        adv = otb_advantages(
+            R[members], proxy[members], mask[members], torch.zeros(3, dtype=torch.long), tail="zero"
+        ).double()
         token_rows = [int(offsets[j]) + t for j in members.tolist() for t in range(int(mask[j].sum()))]
         coef = torch.cat([adv[i, : int(mask[j].sum())] for i, j in enumerate(members.tolist())]) / 3
         g_brute = (coef[:, None] * grads[torch.tensor(token_rows)]).sum(0)
@@ -347,7 +349,7 @@ def test_study_variants_obey_their_definitions():
     for fn in (variance.otb_carry_advantages, variance.otb_tail_last_advantages):
         # Equal lengths: OTB exactly; equal weights too: unscaled GRPO.
         assert torch.allclose(
-            fn(rewards, proxy, full, group_ids), otb_advantages(rewards, proxy, full, group_ids).double()
+            fn(rewards, proxy, full, group_ids), otb_advantages(rewards, proxy, full, group_ids, tail="zero").double()
         )
         ones = torch.ones(B, T, dtype=torch.float64)
         assert torch.allclose(

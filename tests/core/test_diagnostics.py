@@ -52,7 +52,7 @@ def test_diagnostics_match_a_direct_computation(seed):
     proxy = 2 * torch.rand(B, T, generator=g)
     proxy[mask == 0] = float("nan")  # values off the mask must not leak in
     group_ids = torch.arange(B) // 4
-    adv = otb_advantages(rewards, proxy, mask, group_ids)
+    adv = otb_advantages(rewards, proxy, mask, group_ids, tail="zero")
     got = otb_diagnostics(rewards, adv, proxy, mask, group_ids)
     want = reference(rewards, adv, proxy, mask, group_ids)
     assert got.keys() == want.keys()

@@ -108,7 +108,7 @@ def test_otb_two_members_hand_computed_with_tail_override():
     rewards = t64([1.0, 0.0])
     proxy = t64([[0.5, 1.0, 0.5], [1.0, 0.5, 7.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]))
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), tail="zero")
     assert_close(adv, [[2 / 3, 0.5, 1.0], [-1 / 3, -0.5, 0.0]], atol=1e-7)
     # tail="none": t=2 keeps B = 1*2 / (2 + 1e-8), so A0 = 1 - 2/(2+1e-8) = 5e-9.
     adv_none = otb_advantages(rewards, proxy, mask, ids([0, 0]), tail="none")
@@ -124,13 +124,13 @@ def test_otb_three_members_and_singleton_hand_computed():
     rewards = t64([2.0, -1.0, 3.0, 0.5])
     proxy = torch.ones(4, 2, dtype=torch.float64)
     mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 0]])
-    adv = otb_advantages(rewards, proxy, mask, ids([3, 3, 9, 3]))
+    adv = otb_advantages(rewards, proxy, mask, ids([3, 3, 9, 3]), tail="zero")
     assert_close(adv, [[1.5, 1.5], [-1.5, -1.5], [3.0, 0.0], [0.0, 0.0]], atol=1e-7)
 
 
 def test_otb_weights_pull_baseline_towards_high_energy_member():
     # W0 = [2], W1 = [0.5]: B = (1*2 + 0*0.5) / 2.5 = 0.8 -> A = [0.2, -0.8]
-    adv = otb_advantages(t64([1.0, 0.0]), t64([[2.0], [0.5]]), torch.ones(2, 1), ids([0, 0]))
+    adv = otb_advantages(t64([1.0, 0.0]), t64([[2.0], [0.5]]), torch.ones(2, 1), ids([0, 0]), tail="zero")
     assert_close(adv, [[0.2], [-0.8]], atol=1e-7)
 
 
@@ -180,7 +180,7 @@ def test_nan_reward_row_is_excluded_and_gets_zero_advantage():
     rewards = t64([1.0, NAN, 0.0, NAN, 4.0])
     proxy = torch.ones(5, 2, dtype=torch.float64)
     mask = torch.ones(5, 2)
-    adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0, 5, 5]))
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0, 5, 5]), tail="zero")
     assert_close(adv, [[0.5, 0.5], [0.0, 0.0], [-0.5, -0.5], [0.0, 0.0], [4.0, 4.0]], atol=1e-7)
     assert torch.isfinite(adv).all()
 
@@ -189,16 +189,27 @@ def test_empty_mask_row_is_excluded_from_its_group():
     # Row 1 has no masked token: row 0 is the only valid member -> baseline 0, A = R = 1.
     # (Counted as a member, row 0 would get B = 1*W/(W+eps) ~ 1 and A ~ 0.)
     rewards = t64([1.0, 5.0])
-    adv = otb_advantages(rewards, torch.ones(2, 2, dtype=torch.float64), torch.tensor([[1, 1], [0, 0]]), ids([0, 0]))
+    adv = otb_advantages(
+        rewards, torch.ones(2, 2, dtype=torch.float64), torch.tensor([[1, 1], [0, 0]]), ids([0, 0]), tail="zero"
+    )
     assert_close(adv, [[1.0, 1.0], [0.0, 0.0]], atol=1e-12)
 
 
-def test_singleton_group_gets_zero_baseline():
-    adv = otb_advantages(t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]))
-    assert_close(adv, [[3.0, 3.0, 0.0]], atol=0, rtol=0)
-    for options in ({"tail": "none"}, {"leave_one_out": True}, {"align": "valid"}):
-        adv = otb_advantages(t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]), **options)
-        assert_close(adv, [[3.0, 3.0, 0.0]], atol=0, rtol=0)
+def test_singleton_group_gets_zero_baseline_under_the_reference_tails():
+    """tail="zero" and "none" (verl's reference and the rule off): a group of one valid member has baseline 0, A = R."""
+    singleton = (t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]))
+    for options in ({}, {"leave_one_out": True}, {"align": "valid"}):
+        for tail in ("zero", "none"):
+            assert_close(otb_advantages(*singleton, tail=tail, **options), [[3.0, 3.0, 0.0]], atol=0, rtol=0)
+
+
+def test_singleton_group_gets_zero_advantage_by_default():
+    """The default tail (OTBConfig's, "zero_advantage") and every shift-invariant one: a singleton gets A = 0."""
+    singleton = (t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]))
+    for options in ({}, {"leave_one_out": True}, {"align": "valid"}):
+        assert_close(otb_advantages(*singleton, **options), [[0.0, 0.0, 0.0]], atol=0, rtol=0)
+        for tail in SHIFT_INVARIANT_TAILS:
+            assert_close(otb_advantages(*singleton, tail=tail, **options), [[0.0, 0.0, 0.0]], atol=0, rtol=0)
 
 
 def test_group_ids_may_be_unsorted_and_non_contiguous():
@@ -207,7 +218,11 @@ def test_group_ids_may_be_unsorted_and_non_contiguous():
     rewards = t64([1.0, 10.0, 3.0, 0.0])
     for dtype in (torch.int64, torch.int32, torch.int16):
         adv = otb_advantages(
-            rewards, torch.ones(4, 1, dtype=torch.float64), torch.ones(4, 1), torch.tensor([7, -2, 7, -2], dtype=dtype)
+            rewards,
+            torch.ones(4, 1, dtype=torch.float64),
+            torch.ones(4, 1),
+            torch.tensor([7, -2, 7, -2], dtype=dtype),
+            tail="zero",
         )
         assert_close(adv, [[-1.0], [5.0], [1.0], [-5.0]], atol=1e-6)
 
@@ -236,7 +251,7 @@ def test_tail_lengths_count_masked_tokens_not_extent():
     # t=4: row 0 alone: B = 2*3/(3+eps) -> A0 ~ 0
     rewards = t64([2.0, 1.0])
     mask = torch.tensor([[1, 0, 0, 1, 1], [1, 1, 1, 1, 0]])
-    adv = otb_advantages(rewards, torch.ones(2, 5, dtype=torch.float64), mask, ids([0, 0]))
+    adv = otb_advantages(rewards, torch.ones(2, 5, dtype=torch.float64), mask, ids([0, 0]), tail="zero")
     expected = [[0.5, 0.0, 0.0, 2 / 3, 0.0], [-0.5, 0.0, 0.0, 1.0, 0.0]]
     assert_close(adv, expected, atol=1e-7)
 
@@ -251,12 +266,12 @@ def test_align_valid_compares_kth_masked_tokens_across_tool_holes():
     rewards = t64([1.0, -1.0])
     proxy = t64([[1.0, 99.0, 1.0, 1.0], [0.5, 0.5, 1.0, 99.0]])
     mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0]])
-    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="valid")
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="valid", tail="zero")
     assert_close(adv, [[2 / 3, 0.0, 2 / 3, 0.8], [-4 / 3, -4 / 3, -1.2, 0.0]], atol=1e-7)
     # align="position" on the same rows (lengths tie at 3: no override):
     #  t=0: B = 1/3 -> 2/3, -4/3;  t=1: row 1 alone, B = -1*1/(1+eps) -> A1 ~ 0
     #  t=2: W0 = 2, W1 = 2: B = 0 -> A0 = 1, A1 = -1;  t=3: row 0 alone, B ~ 1 -> A0 ~ 0
-    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="position")
+    adv = otb_advantages(rewards, proxy, mask, ids([0, 0]), align="position", tail="zero")
     assert_close(adv, [[2 / 3, 0.0, 1.0, 0.0], [-4 / 3, 0.0, -1.0, 0.0]], atol=1e-7)
 
 
@@ -265,7 +280,7 @@ def test_align_valid_energy_is_scattered_back_to_original_positions():
     rewards = t64([1.0, -1.0])
     proxy = t64([[1.0, 99.0, 1.0, 1.0], [0.5, 0.5, 1.0, 99.0]])
     mask = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0]])
-    terms = otb_terms(rewards, proxy, mask, ids([0, 0]), align="valid")
+    terms = otb_terms(rewards, proxy, mask, ids([0, 0]), align="valid", tail="zero")
     assert_close(terms.energy, [[1.0, 0.0, 2.0, 3.0], [0.5, 1.0, 2.0, 0.0]], atol=1e-12)
     assert_close(terms.baseline, [[1 / 3, 0.0, 1 / 3, 0.2], [1 / 3, 1 / 3, 0.2, 0.0]], atol=1e-7)
 
@@ -275,10 +290,12 @@ def test_is_weights_square_the_ratio_into_the_proxy():
     # t=0: B = 4/5 -> A = 0.2, -0.8;   t=1: B = 5/7 -> A = 2/7, -5/7
     rewards = t64([1.0, 0.0])
     proxy = torch.ones(2, 2, dtype=torch.float64)
-    adv = otb_advantages(rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0, 1.0], [1.0, 1.0]]))
+    adv = otb_advantages(
+        rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0, 1.0], [1.0, 1.0]]), tail="zero"
+    )
     assert_close(adv, [[0.2, 2 / 7], [-0.8, -5 / 7]], atol=1e-7)
     # [B, 1] ratios broadcast over tokens: w0 = [4, 4], W0 = [4, 8];  t=1: B = 8/10 -> A = 0.2, -0.8
-    adv = otb_advantages(rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0], [1.0]]))
+    adv = otb_advantages(rewards, proxy, torch.ones(2, 2), ids([0, 0]), is_weights=t64([[2.0], [1.0]]), tail="zero")
     assert_close(adv, [[0.2, 0.2], [-0.8, -0.8]], atol=1e-7)
 
 
@@ -289,7 +306,9 @@ def test_leave_one_out_uses_the_other_members_only():
     # t=2: row 0 alone, no other member -> B = 0 -> A0 = 1
     rewards = t64([1.0, 0.0, 2.0])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
-    adv = otb_advantages(rewards, torch.ones(3, 3, dtype=torch.float64), mask, ids([0, 0, 0]), leave_one_out=True)
+    adv = otb_advantages(
+        rewards, torch.ones(3, 3, dtype=torch.float64), mask, ids([0, 0, 0]), leave_one_out=True, tail="zero"
+    )
     assert_close(adv, [[0.0, 1.0, 1.0], [-1.5, -1.0, 0.0], [1.5, 0.0, 0.0]], atol=1e-7)
 
 
@@ -298,7 +317,7 @@ def test_leave_one_out_singleton_and_unscorable_members():
     rewards = torch.tensor([3.0, float("nan"), 1.0, 2.0])
     proxy = torch.tensor([[0.5, 0.5], [1.0, 1.0], [1.0, 3.0], [2.0, 1.0]])
     mask = torch.ones(4, 2)
-    A = otb_advantages(rewards, proxy, mask, torch.tensor([0, 0, 1, 1]), leave_one_out=True)
+    A = otb_advantages(rewards, proxy, mask, torch.tensor([0, 0, 1, 1]), leave_one_out=True, tail="zero")
     assert torch.allclose(A[0], torch.tensor([3.0, 3.0])) and (A[1] == 0).all()
     # With two members the leave-one-out baseline is simply the other member's reward, whatever the weights.
     assert torch.allclose(A[2], torch.tensor([-1.0, -1.0])) and torch.allclose(A[3], torch.tensor([1.0, 1.0]))
@@ -307,7 +326,7 @@ def test_leave_one_out_singleton_and_unscorable_members():
 def test_eps_is_added_to_the_denominator():
     # W = [1], [1]; R = [1, 0]; eps = 1: B = 1/(2 + 1) -> A = 2/3, -1/3
     adv = otb_advantages(
-        t64([1.0, 0.0]), torch.ones(2, 1, dtype=torch.float64), torch.ones(2, 1), ids([0, 0]), eps=1.0
+        t64([1.0, 0.0]), torch.ones(2, 1, dtype=torch.float64), torch.ones(2, 1), ids([0, 0]), eps=1.0, tail="zero"
     )
     assert_close(adv, [[2 / 3], [-1 / 3]], atol=1e-12)
 
@@ -315,7 +334,7 @@ def test_eps_is_added_to_the_denominator():
 def test_zero_energy_positions_get_zero_baseline_from_eps():
     # proxy 0 at t=0 for both rows: B_0 = 0/(0 + eps) = 0 -> A = R there; t=1: W = 1, 1 -> B = 0.5.
     proxy = t64([[0.0, 1.0], [0.0, 1.0]])
-    adv = otb_advantages(t64([1.0, 0.0]), proxy, torch.ones(2, 2), ids([0, 0]))
+    adv = otb_advantages(t64([1.0, 0.0]), proxy, torch.ones(2, 2), ids([0, 0]), tail="zero")
     assert_close(adv, [[1.0, 0.5], [0.0, -0.5]], atol=1e-7)
 
 
@@ -335,7 +354,7 @@ def test_zero_energy_positions_get_zero_baseline_from_eps():
 )
 def test_output_dtype_is_fp32_unless_proxy_is_fp64(proxy_dtype, out_dtype):
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    adv = otb_advantages(rewards, torch.ones(2, 2, dtype=proxy_dtype), torch.ones(2, 2), ids([0, 0]))
+    adv = otb_advantages(rewards, torch.ones(2, 2, dtype=proxy_dtype), torch.ones(2, 2), ids([0, 0]), tail="zero")
     assert adv.dtype == out_dtype
     assert_close(adv, [[0.5, 0.5], [-0.5, -0.5]], atol=1e-6)
 
@@ -345,7 +364,8 @@ def test_mask_may_be_bool_int_or_float():
     proxy = t64([[0.5, 1.0, 1.5], [1.0, 0.2, 0.3], [0.7, 0.7, 0.7]])
     base = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 1]])
     outs = [
-        otb_advantages(rewards, proxy, base.to(dt), ids([0, 0, 0])) for dt in (torch.bool, torch.int64, torch.float32)
+        otb_advantages(rewards, proxy, base.to(dt), ids([0, 0, 0]), tail="zero")
+        for dt in (torch.bool, torch.int64, torch.float32)
     ]
     assert_close(outs[1], outs[0], atol=0, rtol=0)
     assert_close(outs[2], outs[0], atol=0, rtol=0)
@@ -357,15 +377,17 @@ def test_huge_rewards_stay_finite_and_scale_linearly():
     rewards = torch.tensor([1.0, -2.0, 0.5])
     proxy = torch.tensor([[1.9999999, 0.1, 1.0], [0.3, 1.9999999, 0.0], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
-    small = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]))
-    big = otb_advantages(rewards * 1e30, proxy, mask, ids([0, 0, 0]))
+    small = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]), tail="zero")
+    big = otb_advantages(rewards * 1e30, proxy, mask, ids([0, 0, 0]), tail="zero")
     assert torch.isfinite(big).all()
     assert_close(big / 1e30, small, atol=1e-5, rtol=1e-5)
 
 
 def test_tiny_proxy_stays_finite():
     # W ~ 1e-30 << eps: B = (1e-30)/(2e-30 + 1e-8) ~ 1e-22 -> A ~ [1, -1e-22]
-    adv = otb_advantages(torch.tensor([1.0, 0.0]), torch.full((2, 1), 1e-30), torch.ones(2, 1), ids([0, 0]))
+    adv = otb_advantages(
+        torch.tensor([1.0, 0.0]), torch.full((2, 1), 1e-30), torch.ones(2, 1), ids([0, 0]), tail="zero"
+    )
     assert torch.isfinite(adv).all()
     assert_close(adv, [[1.0], [0.0]], atol=1e-12, rtol=1e-6)
 
@@ -375,7 +397,7 @@ def test_eps_zero_gives_finite_output_or_a_clear_error():
     rewards = torch.tensor([1.0, 0.0])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     try:
-        adv = otb_advantages(rewards, torch.ones(2, 3), mask, ids([0, 0]), eps=0.0)
+        adv = otb_advantages(rewards, torch.ones(2, 3), mask, ids([0, 0]), eps=0.0, tail="zero")
     except ValueError:
         return
     # W0 = [1, 2], W1 = [1]: t=0: B = 1/2; t=1: row 0 unique longest past length 1 -> B = 0.
@@ -409,16 +431,16 @@ def test_is_weights_at_masked_out_tokens_are_ignored(estimator, junk):
 )
 def test_finite_extreme_rewards_give_finite_output_or_a_clear_error(rewards):
     try:
-        adv = otb_advantages(rewards, torch.full((2, 3), 2.0), torch.ones(2, 3), ids([0, 0]))
+        adv = otb_advantages(rewards, torch.full((2, 3), 2.0), torch.ones(2, 3), ids([0, 0]), tail="zero")
     except ValueError:
         return
     assert torch.isfinite(adv).all()
 
 
 def test_empty_batch_and_zero_length_completions():
-    adv = otb_advantages(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3), ids([]))
+    adv = otb_advantages(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3), ids([]), tail="zero")
     assert adv.shape == (0, 3)
-    adv = otb_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, 0), torch.zeros(2, 0), ids([0, 0]))
+    adv = otb_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, 0), torch.zeros(2, 0), ids([0, 0]), tail="zero")
     assert adv.shape == (2, 0)
 
 
@@ -475,9 +497,9 @@ def test_bad_options_raise_a_clear_value_error(option, value, match):
 def test_bad_proxy_outside_the_mask_is_ignored():
     # Negative, NaN, inf proxy on masked-out tokens: ignored (otb_advantages: proxy is ignored where mask is 0).
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    clean = otb_advantages(torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]))
+    clean = otb_advantages(torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]), tail="zero")
     dirty_proxy = torch.tensor([[1.0, 1.0, -5.0], [1.0, NAN, float("inf")]])
-    dirty = otb_advantages(torch.tensor([1.0, 0.0]), dirty_proxy, mask, ids([0, 0]))
+    dirty = otb_advantages(torch.tensor([1.0, 0.0]), dirty_proxy, mask, ids([0, 0]), tail="zero")
     assert_close(dirty, clean, atol=0, rtol=0)
     assert_close(clean, [[0.5, 1.0, 0.0], [-0.5, 0.0, 0.0]], atol=1e-7)
 
@@ -568,7 +590,7 @@ def test_equal_weights_and_lengths_give_the_group_mean(sizes, L, w, data):
     proxy = torch.full((B, T), w, dtype=torch.float64)
     # eps=0: exactly the group mean. The default eps=1e-8 shifts the baseline by up to |mean| * eps / (N w), 2.5e-6
     # here, beyond atol (test_eps_is_added_to_the_denominator checks eps itself).
-    otb = otb_advantages(rewards, proxy, mask, ids(group_ids), eps=0.0)
+    otb = otb_advantages(rewards, proxy, mask, ids(group_ids), eps=0.0, tail="zero")
     grpo = grpo_advantages(rewards, proxy, mask, ids(group_ids), scale="none")
     # by hand: mean per group
     expected = torch.zeros(B, T, dtype=torch.float64)
@@ -680,13 +702,13 @@ def test_huge_finite_is_weights_on_masked_out_tokens_do_not_overflow_otb():
     dirty[0, 2] = 1e25  # a hole: 1e50 in fp32 is inf
     dirty[1, 3] = 1e25  # padding
     for loo in (False, True):
-        expected = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=clean, leave_one_out=loo)
-        got = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo)
+        expected = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=clean, leave_one_out=loo, tail="zero")
+        got = otb_terms(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo, tail="zero")
         for a, b in zip(
             (got.advantages, got.baseline, got.energy), (expected.advantages, expected.baseline, expected.energy)
         ):
             assert_close(a, b, atol=1e-7)
-        adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo)
+        adv = otb_advantages(rewards, proxy, mask, ids([0, 0, 0]), is_weights=dirty, leave_one_out=loo, tail="zero")
         assert_close(adv, expected.advantages, atol=1e-7)
 
 
@@ -694,10 +716,15 @@ def test_masked_in_weight_overflow_is_a_clear_error():
     mask = torch.ones(2, 3)
     with pytest.raises(ValueError, match="clip the importance ratios"):
         otb_advantages(
-            torch.tensor([1.0, 0.0]), torch.ones(2, 3), mask, ids([0, 0]), is_weights=torch.full((2, 3), 1e25)
+            torch.tensor([1.0, 0.0]),
+            torch.ones(2, 3),
+            mask,
+            ids([0, 0]),
+            is_weights=torch.full((2, 3), 1e25),
+            tail="zero",
         )
     with pytest.raises(ValueError, match="proxy's sum over a completion overflows"):
-        otb_advantages(torch.tensor([1.0, 0.0]), torch.full((2, 3), 3e38), mask, ids([0, 0]))
+        otb_advantages(torch.tensor([1.0, 0.0]), torch.full((2, 3), 3e38), mask, ids([0, 0]), tail="zero")
 
 
 @pytest.mark.parametrize("align", ["position", "valid"])

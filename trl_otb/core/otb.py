@@ -87,7 +87,7 @@ def otb_advantages(
     group_ids: torch.Tensor,
     *,
     eps: float = 1e-8,
-    tail: str = "zero",
+    tail: str = "zero_advantage",
     is_weights: torch.Tensor | None = None,
     align: str = "position",
     leave_one_out: bool = False,
@@ -102,13 +102,13 @@ def otb_advantages(
         mask: ``[B, T]``; rows that are all 0 are excluded.
         group_ids: ``[B]`` integer ids, in any order.
         eps: added to the baseline's denominator.
-        tail: the baseline where a group cannot estimate one (one member alone at a position). ``"zero"`` (the
-            reference): when one valid member is strictly the longest of its group, its baseline is 0 past the
-            second-longest length (lengths count masked tokens), where it would otherwise equal its own reward.
+        tail: the baseline where a group cannot estimate one (one member alone at a position). The default,
+            ``"zero_advantage"`` (``OTBConfig``'s), gives advantage 0 there. ``"group_mean"``,
+            ``"sequence_baseline"``, ``"last_baseline"``: the other shift-invariant fallbacks on group-centred
+            rewards (this module's docstring); a group with one valid member gets advantage 0 under each.
+            ``"zero"`` is verl's reference rule, kept bit for bit: when one valid member is strictly the longest of
+            its group, its baseline is 0 past the second-longest length (lengths count masked tokens).
             ``"none"``: keep the baseline as computed. Both are offset-dependent (A = R where B is forced to 0).
-            ``"group_mean"``, ``"sequence_baseline"``, ``"last_baseline"``, ``"zero_advantage"``: shift-invariant
-            fallbacks on group-centred rewards (this module's docstring); a group with one valid member gets
-            advantage 0.
         is_weights: ``[B, T]`` or ``[B, 1]`` clipped importance ratios rho_bar; then
             w_t <- w_t rho_bar_t^2 (off-policy OTB).
         align: ``"position"`` compares members at the same completion index; ``"valid"`` at their
@@ -130,7 +130,16 @@ def otb_advantages(
 
 
 def otb_terms(
-    rewards, proxy, mask, group_ids, *, eps=1e-8, tail="zero", is_weights=None, align="position", leave_one_out=False
+    rewards,
+    proxy,
+    mask,
+    group_ids,
+    *,
+    eps=1e-8,
+    tail="zero_advantage",
+    is_weights=None,
+    align="position",
+    leave_one_out=False,
 ) -> OTBTerms:
     """OTB advantages with the baseline and energy they came from. Arguments (and types) as :func:`otb_advantages`."""
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)

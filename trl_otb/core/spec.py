@@ -48,7 +48,16 @@ def aligned_positions(mask_row, align):
 
 
 def reference_otb(
-    rewards, proxy, mask, group_ids, *, eps=1e-8, tail="zero", is_weights=None, align="position", leave_one_out=False
+    rewards,
+    proxy,
+    mask,
+    group_ids,
+    *,
+    eps=1e-8,
+    tail="zero_advantage",
+    is_weights=None,
+    align="position",
+    leave_one_out=False,
 ):
     """OTB advantages by loops. Arguments as :func:`trl_otb.otb_advantages`, as nested Python lists (``rewards`` [B],
     ``proxy`` and ``mask`` [B][T], ``group_ids`` [B], ``is_weights`` [B][T] or [B][1] or None).

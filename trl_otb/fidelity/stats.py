@@ -73,7 +73,7 @@ def _baseline(name: str, w: torch.Tensor, mask: torch.Tensor, rewards: torch.Ten
         advantages = opo_advantages(rewards, w, mask, group_ids)
         valid = torch.isfinite(rewards)[:, None] & mask
         return torch.where(valid, rewards[:, None] - advantages, torch.zeros_like(advantages))
-    return otb_terms(rewards, w, mask, group_ids).baseline
+    return otb_terms(rewards, w, mask, group_ids, tail="zero").baseline
 
 
 def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
