@@ -1,5 +1,5 @@
-"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside demo/ and testing/, the
-command-line entry points aside) imports neither the demo nor the test helpers, and no module of the package
+"""The package as a whole: trl_otb.core loads with torch alone, the library (trl_otb outside demo/ and testing/, its
+command-line entry points included) imports neither the demo nor the test helpers, and no module of the package
 imports itself back through others (docs/architecture.md, "The layout"); no test module imports another; and the wheel
 ships the library and the demo, not the test helpers."""
 
@@ -23,7 +23,7 @@ def test_the_core_imports_torch_only():
     assert out.strip() == "[]"
 
 
-# The library's entry points: they may import the demo (the embedded model) and the plots.
+# The library's entry points: like the trainer, they import no demo and no test helper, but they may load plotting.
 ENTRY_POINTS = ("trl_otb.cli", "trl_otb.fidelity.cli")
 DEMO_AND_HELPERS = ("trl_otb.demo", "trl_otb.testing")
 
@@ -41,10 +41,7 @@ print(loaded(*{DEMO_AND_HELPERS}, *{ENTRY_POINTS}, "trl_otb.plotting", "matplotl
 print(loaded("trl_otb.card", "trl_otb.bnb", "trl_otb.fidelity.training"))
 root = Path(trl_otb.__file__).parent
 modules = [".".join(("trl_otb", *path.relative_to(root).with_suffix("").parts)) for path in root.rglob("*.py")]
-library = [
-    name.removesuffix(".__init__") for name in sorted(modules)
-    if not name.startswith({DEMO_AND_HELPERS}) and name not in {ENTRY_POINTS}
-]
+library = [name.removesuffix(".__init__") for name in sorted(modules) if not name.startswith({DEMO_AND_HELPERS})]
 for name in library:
     importlib.import_module(name)
 print(len(library), loaded(*{DEMO_AND_HELPERS}, "tests"))
@@ -52,7 +49,7 @@ print(len(library), loaded(*{DEMO_AND_HELPERS}, "tests"))
 
 
 def test_the_library_imports_neither_the_demo_nor_the_test_helpers():
-    """Every module of trl_otb outside demo/ and testing/ (the entry points aside) loads no trl_otb.demo or
+    """Every module of trl_otb outside demo/ and testing/ (the entry points too) loads no trl_otb.demo or
     trl_otb.testing module, nor anything from tests/; ``trl_otb.trainer`` loads neither the commands nor plotting
     (matplotlib)."""
     result = subprocess.run([sys.executable, "-c", LIBRARY_IMPORTS], capture_output=True, text=True, timeout=300)
@@ -90,10 +87,59 @@ def _package_imports() -> dict[str, set[str]]:
     return graph
 
 
+# What the library may not import: the demo, the test helpers, and the folders beside the package.
+FORBIDDEN_FOR_THE_LIBRARY = (*DEMO_AND_HELPERS, "benchmarks", "research", "tests", "examples")
+
+
+def _imported_names(path: Path, package: str) -> set[str]:
+    """Every module name ``path`` imports anywhere (function bodies too), relative imports resolved in ``package``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _library_imports_of_forbidden() -> dict[str, list[str]]:
+    """Library module -> the forbidden modules it imports (an empty dict when the library is clean)."""
+    import trl_otb
+
+    root = Path(trl_otb.__file__).parent
+    bad = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("trl_otb", *path.relative_to(root).with_suffix("").parts)
+        name = ".".join(parts)
+        if name.startswith(DEMO_AND_HELPERS):
+            continue
+        package = ".".join(parts[:-1])
+        hits = sorted(
+            m
+            for m in _imported_names(path, package)
+            if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_FOR_THE_LIBRARY)
+        )
+        if hits:
+            bad[name] = hits
+    return bad
+
+
+def test_no_library_module_imports_the_demo_the_helpers_or_the_folders_beside_it(tmp_path):
+    """By their source (AST), imports inside functions included: trl_otb outside demo/ and testing/ never imports
+    trl_otb.demo, trl_otb.testing, benchmarks, research, tests or examples."""
+    assert _library_imports_of_forbidden() == {}
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from ..demo.models import resolve_model\n    import research.harness\n")
+    assert _imported_names(planted, "trl_otb.fidelity") >= {"trl_otb.demo.models", "research.harness"}
+
+
 def test_the_package_has_no_import_cycle():
     graph = _package_imports()
     assert "trl_otb.demo.hub" in graph["trl_otb.demo.models"]  # the scan sees imports (and this one)
-    assert "trl_otb.demo.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
+    assert "trl_otb.models" in graph["trl_otb.fidelity.cli"]  # ...inside functions too
     state, cycles = {}, []
 
     def visit(module, path):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_otb.demo import models
+from trl_otb import models
 from trl_otb.demo.hub import HubPreflightError, hub_offline, preflight_hub
 from trl_otb.demo.models import EMBEDDED_HUB_ID, resolve_model
 

@@ -39,8 +39,9 @@ def otb_diagnostics(
             decides which tokens are alone.
 
     Returns a dict of floats. Always (:data:`ADVANTAGE_KEYS`):
-        ``baseline_differs_frac``: share of valid tokens whose baseline ``B_t = R - A_t`` differs from the
-        group's mean reward by more than 1e-6 (0 for GRPO; how far OTB moves away from it).
+        ``baseline_differs_frac``: share of valid tokens whose implied baseline ``B_t = R - A_t`` differs from the
+        group's mean reward by more than 1e-6. It is 0 for unscaled GRPO (``scale="none"``). With std scaling,
+        ``A`` is not ``R - mean``, so the std-scaled ``grpo`` arm reads above 0.
         ``lone_token_frac``: share of valid tokens at an aligned position that no other valid member of the group
         reaches: where OTB's ``tail`` rule sets the baseline (the group cannot estimate one there).
         ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.

@@ -8,8 +8,9 @@ one name switches between them:
 - ``mask``      ``[B, T]`` 1 where the token carries gradient.
 - ``group_ids`` ``[B]``    integer ids; equal ids = completions of the same prompt.
 
-A row is *valid* when its reward is finite and its mask is not all 0. Invalid rows are excluded from every baseline
-and get advantage 0 everywhere.
+A row is *valid* when its reward is finite and its mask is not all 0. Invalid rows get advantage 0 everywhere.
+``otb``, ``rloo``, ``opo`` and ``ogb`` exclude them from every baseline. ``grpo`` follows TRL's GRPOTrainer: it
+excludes only non-finite rewards, so a finite reward whose mask is all 0 still counts in its group's mean and std.
 
 The laws (tests/core/test_laws.py): every estimator is equivariant to permuting rows with their group ids, treats
 each group independently (except ``grpo`` with ``scale="batch"``, by design), and is invariant to a constant added

@@ -10,6 +10,14 @@ With eps = 0, at a position where every member is active, sum_i W_t^(i) A_t^(i) 
 under the energy weights, not unweighted as GRPO's are. A low-reward member with high energy pulls B_t below the
 group's mean, so the members that share a behaviour get a net push (docs/benchmarks.md, the first-step studies).
 
+Self-inclusion, an exact identity: with eps = 0 and lambda_t^(i) = W_t^(i) / sum_j W_t^(j) m_t^(j) (member i's
+own share of the group's energy at t), wherever another member is active::
+
+    A_t^(i) = R_i - B_t = (1 - lambda_t^(i)) (R_i - B_t^(-i))
+
+with B_t^(-i) the leave-one-out baseline (``leave_one_out=True``). GRPO is the same formula with lambda = 1/N, an
+exact rescale; here lambda depends on the member's own tokens, so the shrink biases the gradient's direction.
+
 Shapes: ``rewards [B]`` (NaN = unscorable), ``proxy [B, T]`` w_t (see :mod:`trl_otb.core.proxy`), ``mask [B, T]``,
 ``group_ids [B]``, optional ``is_weights [B, T]`` or ``[B, 1]``; the result is ``[B, T]``. A row is *valid* when
 its reward is finite and its mask is not all 0; invalid rows leave their group and get advantage 0.

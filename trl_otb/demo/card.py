@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, is_embedded_checkpoint
 from .hub import hub_offline
-from .models import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, is_embedded_checkpoint
 
 __all__ = ["CardResults", "base_model_description", "base_model_hub_id", "base_model_license", "math_card"]
 

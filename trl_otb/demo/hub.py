@@ -2,14 +2,13 @@
 
 :func:`preflight_hub` checks, before any training, that a push to the Hub can succeed: the Hub is online, a token is
 there, and the token's user may write to the repo's namespace. Each failure says what to do.
-:func:`hub_offline` is the one place trl-otb decides whether the Hub is switched off; :func:`hub_cached` whether a
-model is in the local Hub cache. This module imports nothing else from trl-otb: :mod:`.models` and :mod:`.card`
-import it.
+:func:`hub_offline` (whether the Hub is switched off) and :func:`hub_cached` (whether a model is in the local Hub
+cache) live in :mod:`trl_otb.models`, which loads models by them; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import os
+from ..models import hub_cached, hub_offline
 
 __all__ = [
     "HubPreflightError",
@@ -21,28 +20,6 @@ __all__ = [
 
 class HubPreflightError(RuntimeError):
     """A push to the Hub would fail; the message says what to change."""
-
-
-def hub_offline() -> bool:
-    """Whether the Hugging Face Hub is switched off, by huggingface_hub's rule.
-
-    huggingface_hub reads ``HF_HUB_OFFLINE`` (or, when that is unset or empty, ``TRANSFORMERS_OFFLINE``) once, at
-    import, into ``huggingface_hub.constants.HF_HUB_OFFLINE``, and every Hub request checks that constant. The Hub
-    counts as offline when the constant is set, or when the same variables, read now and parsed the same way (``1``,
-    ``ON``, ``YES``, ``TRUE`` in any case), ask for it: a process that sets ``HF_HUB_OFFLINE=1`` after the import
-    is taken at its word.
-    """
-    from huggingface_hub import constants
-
-    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    return bool(constants.HF_HUB_OFFLINE) or (flag or "").upper() in constants.ENV_VARS_TRUE_VALUES
-
-
-def hub_cached(repo_id: str) -> bool:
-    """Whether the Hub model ``repo_id`` is in the local Hugging Face cache (its ``config.json`` is)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def preflight_hub(hub_model_id: str | None, token: str | None = None) -> str:

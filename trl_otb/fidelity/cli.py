@@ -117,7 +117,7 @@ def add_subcommand(subparsers) -> None:
 
 
 def _fidelity_command(args) -> int:
-    from ..demo.models import load_model_and_tokenizer
+    from ..models import load_model_and_tokenizer
 
     if not 1 <= args.num_prompts <= len(DEFAULT_PROMPTS):
         raise SystemExit(f"--num-prompts must be between 1 and {len(DEFAULT_PROMPTS)}, got {args.num_prompts}.")

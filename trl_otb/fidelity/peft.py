@@ -33,7 +33,7 @@ def prepare_peft_model(
     model: full fine-tuning). ``"lora"``: wrapped with a LoRA adapter (PEFT defaults, so B = 0: the
     state at the first training step; ``lora_kwargs`` go to ``LoraConfig``). ``"qlora"``: the same on a 4-bit model, after
     :func:`~trl_otb.bnb.guard_4bit_cpu_repack`; the model must already be 4-bit (load it
-    with ``trl_otb.demo.models.load_model_and_tokenizer(..., quantization="4bit")``).
+    with ``trl_otb.models.load_model_and_tokenizer(..., quantization="4bit")``).
     """
     if peft not in PEFT_PATHS:
         raise ValueError(f"peft must be one of {PEFT_PATHS}, got {peft!r}.")
@@ -45,7 +45,7 @@ def prepare_peft_model(
     if peft == "qlora" and not quantized:
         raise ValueError(
             "peft='qlora' needs a 4-bit model: load it with "
-            "`trl_otb.demo.models.load_model_and_tokenizer(name, quantization='4bit')`, or use peft='lora'."
+            "`trl_otb.models.load_model_and_tokenizer(name, quantization='4bit')`, or use peft='lora'."
         )
     if peft == "lora" and quantized:
         raise ValueError("The model is 4-bit quantized: use peft='qlora', or load it without quantization.")

@@ -10,7 +10,7 @@ def load_qlora(path):
     import pytest
 
     pytest.importorskip("bitsandbytes")
-    from trl_otb.demo.models import load_model_and_tokenizer
+    from trl_otb.models import load_model_and_tokenizer
 
     try:
         model, _ = load_model_and_tokenizer(path, quantization="4bit", dtype=torch.float32, device_map="cpu")

@@ -1,4 +1,4 @@
-"""Tests for trl_otb.demo.models: finding, converting, caching and loading the embedded model.
+"""Tests for trl_otb.models (the demo re-exports it as trl_otb.demo.models): finding, converting, caching and loading the embedded model.
 
 The cache tests replace the ~25 s GGUF conversion by a fake that writes one file, so they check
 the locking and atomic-rename logic in milliseconds; the real conversion runs once, in the
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_otb.demo import models
-from trl_otb.demo.models import (
+from trl_otb import models
+from trl_otb.models import (
     EMBEDDED_HUB_ID,
     EMBEDDED_MODEL_NAME,
     EmbeddedModelUnavailableError,
