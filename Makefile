@@ -74,8 +74,8 @@ $(LOWEST_STAMP): setup.cfg pyproject.toml .ci/dependencies.py
 
 test-lowest: $(LOWEST_STAMP)
 	$(LOWEST_BIN)/python .ci/dependencies.py versions --lowest $(EXTRAS)
-	$(LOWEST_BIN)/ruff check trl_otb tests examples benchmarks .ci
-	$(LOWEST_BIN)/ruff format --check trl_otb tests examples benchmarks .ci
+	$(LOWEST_BIN)/ruff check trl_otb tests examples benchmarks research .ci
+	$(LOWEST_BIN)/ruff format --check trl_otb tests examples benchmarks research .ci
 	TRL_OTB_CACHE=$(CURDIR)/$(LOWEST_VENV)/trl-otb-cache \
 		$(LOWEST_BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -m "not vllm and not zero3" tests
 
@@ -110,8 +110,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.sample_efficiency --quick
 
 lint: $(STAMP)
-	$(BIN)/ruff check trl_otb tests examples benchmarks .ci
-	$(BIN)/ruff format --check trl_otb tests examples benchmarks .ci
+	$(BIN)/ruff check trl_otb tests examples benchmarks research .ci
+	$(BIN)/ruff format --check trl_otb tests examples benchmarks research .ci
 
 clean:
 	rm -rf $(VENV) $(DS_VENV) $(VLLM_VENV) $(LOWEST_VENV) outputs .pytest_cache

@@ -202,10 +202,11 @@ def tokens_to_target(curve: list[dict], target: float) -> float | None:
 
 
 def command(script: str, argv: list[str] | None = None) -> str:
-    """The command line that ran ``script`` (a module of benchmarks/, by its file or package name) with ``argv``
-    (default: this process's arguments), as the JSON's ``meta.command``."""
-    module = Path(script).stem
-    return " ".join([f"python -m benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
+    """The command line that ran ``script`` (a module of benchmarks/ by its file or package name, or any module by its
+    dotted name) with ``argv`` (default: this process's arguments), as the JSON's ``meta.command``."""
+    dotted = "." in script and not script.endswith(".py")
+    module = script if dotted else f"benchmarks.{Path(script).stem}"
+    return " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report
+from research import report
 from trl_otb.config import otb_fields_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,11 +47,11 @@ def markdown_section(text: str, heading: str) -> str:
 
 
 def test_every_generated_benchmark_number_matches_its_json():
-    """README.md, docs/benchmarks.md, docs/benchmarks_details.md and docs/faq.md: each generated table and the
-    README's summary equal what benchmarks/report/ makes from benchmarks/results/*.json, and the prose of the
-    checked pages quotes no number that their generated blocks do not show."""
+    """README.md, docs/benchmarks.md, docs/faq.md and every README under research/: each generated table equals what
+    research/report/ makes from the JSON results, and the prose of every page quotes no number that its generated
+    blocks do not show."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.report", "--check"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "research.report", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -59,24 +59,49 @@ def test_every_generated_benchmark_number_matches_its_json():
 def test_the_number_check_catches_a_hand_edited_or_stray_number():
     readme = (ROOT / "README.md").read_text()
     assert report.page_problems("README.md", readme) == []  # precondition: the committed README passes
-    summary = markdown_section(readme, "# trl-otb")
-    quoted = re.search(r"\b(0\.\d\d)x GRPO's", summary)
-    assert quoted, "the README's summary no longer quotes OTB's variance against GRPO"
-    edited = readme.replace(quoted[0], quoted[0].replace(quoted[1], f"{float(quoted[1]) + 0.01:.2f}"))
+    table = markdown_section(readme, "# trl-otb")
+    quoted = re.search(r"\| (-0\.\d{3}) to \+\d\.\d{3} \|", table)
+    assert quoted, "the README's studies table no longer shows a range of auc differences"
+    edited = readme.replace(quoted[0], quoted[0].replace(quoted[1], f"{float(quoted[1]) - 0.001:.3f}"))
     assert any("differ from the JSON" in p for p in report.page_problems("README.md", edited))
     stray = readme.replace("## Install\n", "## Install\n\nOTB is 0.42x GRPO's on everything.\n")
     assert any("0.42" in p for p in report.page_problems("README.md", stray))
 
 
-def test_readme_first_screen_has_the_summary_install_and_quick_start():
+SENTENCE_END = re.compile(r"(?<=[.!?:])\s+(?=[A-Z*`(\[])")
+
+
+def first_screen_prose(readme: str) -> str:
+    """The README before "## Install", without its generated blocks, headings and code."""
+    first = readme[: readme.index("## Install")]
+    first = re.sub(r"<!-- report:.*?<!-- /report -->", " ", first, flags=re.S)
+    first = re.sub(r"```.*?```", " ", first, flags=re.S)
+    return "\n".join(line for line in first.splitlines() if not line.startswith("#"))
+
+
+def test_readme_first_screen_is_short_plain_and_has_the_studies_table_install_and_quick_start():
+    """What it is, should I use it (with one generated table: the studies), install and the quick start; at most 250
+    words before Install, table included, and no sentence over 45 words."""
     readme = (ROOT / "README.md").read_text()
-    first = readme[: readme.index("## OTBConfig")]
-    assert "<!-- report: readme-verdict -->" in first and "**What the measurements say**" in first
+    first = readme[: readme.index("## Install")]
+    assert "## Should I use OTB?" in first and first.count("<!-- report: ") == 1
+    assert "<!-- report: studies -->" in first
+    words = len(re.sub(r"<!--.*?-->|\(\S*?\)|[|`*#-]", " ", first).split())
+    assert words <= 250, f"{words} words before Install"
+    prose = first_screen_prose(readme)
+    sentences = [s for block in prose.split("\n\n") for s in SENTENCE_END.split(" ".join(block.split()))]
+    long = [s for s in sentences if len(s.split()) > 45]
+    assert sentences and long == [], long
     assert re.search(r"^pip install \.", markdown_section(readme, "## Install"), re.M)
     assert "```python" in markdown_section(readme, "## Quick start")
-    # Two quick starts (the Hub on a GPU; offline on CPU) take 16 lines more than one did; the training study's
-    # table (4 cells) and its one-line verdict take 7 more than the sentence they replaced.
-    assert len(first.splitlines()) <= 80, "the first screen (summary, install, quick start) grew past 80 lines"
+
+
+def test_the_first_screen_check_catches_a_long_sentence():
+    readme = (ROOT / "README.md").read_text()
+    padded = readme.replace("## Should I use OTB?\n", "## Should I use OTB?\n\n" + "word " * 46 + "end.\n", 1)
+    prose = first_screen_prose(padded)
+    sentences = [s for block in prose.split("\n\n") for s in SENTENCE_END.split(" ".join(block.split()))]
+    assert any(len(s.split()) > 45 for s in sentences)
 
 
 def readme_quick_starts() -> list[str]:
@@ -220,8 +245,8 @@ def orphaned_results(results: Path, places: list[Path], device_page: Path) -> li
 
 def test_every_result_file_is_referenced(tmp_path):
     """Every file in benchmarks/results/ is named by the README, a docs page or a benchmark script (device results
-    by docs/benchmarks.md): a result nothing quotes is removed, or retired with its table to
-    docs/benchmarks_details.md. A stray file is caught."""
+    by docs/benchmarks.md): a result nothing quotes is removed, or moved to the research folder of its study. A stray
+    file is caught."""
     places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
     places.append(ROOT / "benchmarks" / "device_run.sh")
     results, device_page = ROOT / "benchmarks" / "results", ROOT / "docs" / "benchmarks.md"
@@ -270,43 +295,6 @@ def _study(paired: dict, collapsed: dict | None = None) -> dict:
     }
 
 
-def test_study_verdict_says_better_worse_and_no_different_by_the_paired_intervals(tmp_path):
-    """Fewer tokens to target is better, a higher score is better; an interval that holds 0 is no difference; any
-    collapse gets every arm's count."""
-    import json
-
-    same = {"tokens_to_target": (100.0, (-50.0, 250.0)), "auc": (0.01, (-0.02, 0.04)), "final": (0.0, (-0.1, 0.1))}
-    paired = {
-        "grpo_N4": {**same, "tokens_to_target": (-9000.0, (-15000.0, -2000.0))},  # OTB needed fewer: better
-        "ogb_N4": same,
-        "grpo_N16": {**same, "auc": (-0.05, (-0.09, -0.01)), "final": (-0.1, (-0.2, -0.05))},  # OTB lower: worse
-    }
-    (tmp_path / "training_study.json").write_text(json.dumps(_study(paired, collapsed={"grpo_N16": 2})))
-    ctx = report.Context(results=tmp_path, to_root="")
-    lines = report.study_sentences(ctx)
-    assert lines[0] == (
-        "long (ramble, learning rate 1e-03, 10 paired seeds): OTB at N=4 was better than "
-        f"{report.ARM_LABELS['grpo_N4']} on tokens to target; worse than {report.ARM_LABELS['grpo_N16']} on mean "
-        f"score over the budget and final score; no different from {report.ARM_LABELS['ogb_N4']} on any metric"
-    )
-    assert (
-        lines[1].startswith("runs that collapsed in long: ") and f"{report.ARM_LABELS['grpo_N16']}: 2/10" in lines[1]
-    )
-    readme = report.study_readme_sentence(ctx)
-    assert "10 paired seeds" in readme and "0 of OTB's 10 runs collapsed, 2 of the other arms' 30" in readme
-    assert f"no different from {report.ARM_LABELS['ogb_N4']} on any of them" in readme
-
-    (tmp_path / "training_study.json").write_text(json.dumps(_study({"grpo_N4": same})))
-    assert report.study_sentences(ctx) == [
-        "long (ramble, learning rate 1e-03, 10 paired seeds): OTB at N=4 was no "
-        "different from any other arm on any metric"
-    ]
-
-
-# --- claims that stay true: the paper's N=4 claim beside the project's finding, the README's layout ------------------
-
-# The paper's headline claim as a sentence quotes it: OTB at N=4 matching baselines at N=32 (or "16 to 32"), or its
-# "65% fewer" tokens; and the project's finding, which must stand in the same paragraph.
 PAPER_CLAIM = re.compile(r"N\s*=\s*4\b[^.]{0,80}?\bmatch\w*[^.]{0,40}?N\s*=\s*(?:16 to )?32\b|\b65\s*%\s*fewer", re.I)
 OWN_FINDING = re.compile(r"\bnot\s+reproduc", re.I)
 
@@ -362,11 +350,11 @@ def readme_layout(readme: str) -> dict[str, set[str]]:
 
 
 def modules_missing_from_layout(readme: str) -> list[str]:
-    """The modules of trl_otb/, benchmarks/ and examples/ that the Layout does not list. A module is a .py file other
+    """The modules of trl_otb/, benchmarks/, research/ and examples/ that the Layout does not list. A module is a .py file other
     than __init__.py, listed by its file name under its folder's line; a package (a folder with __init__.py) below
     the top level is listed as its own folder line, or as ``name/`` under its parent's."""
     layout, missing = readme_layout(readme), []
-    for top in ("trl_otb", "benchmarks", "examples"):
+    for top in ("trl_otb", "benchmarks", "research", "examples"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT)
             folder = f"{rel.parent.as_posix()}/"

@@ -103,7 +103,7 @@ def parse_args(argv=None):
         "--study",
         action="store_true",
         help="also the tail rule off and two OTB variants (paired against OTB), and the variance by share of active "
-        "members (the estimator study of docs/benchmarks_details.md)",
+        "members (the variant study of research/variance/README.md)",
     )
     parser.add_argument(
         "--fallbacks",

@@ -622,8 +622,8 @@ def test_fallbacks_quick_run_calibrates_the_bias(tmp_path, monkeypatch):
             for loo in (False, True):
                 assert checks[f"shift_{variance.fallback_name(tail, loo)}"] < 1e-6
         assert checks["shift_otb"] > 0.1  # the reference tail is not shift-invariant
-    # benchmarks/report/'s blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
-    from benchmarks import report
+    # research/report/'s blocks render from this JSON: one row per candidate, one calibration row per (cell, N).
+    from research import report
 
     ctx = report.Context(results=tmp_path)
     for world in ("centred", "pool"):

@@ -1,0 +1,70 @@
+"""Does OTB train better? A pre-registered, multi-seed training study with paired intervals.
+
+    python -m research.harness.training_study --quick              # tiny: 1 seed, 2 steps per arm, seconds (the tests)
+    python -m research.harness.training_study --variance-check     # the precondition: the variance benchmark per task
+    python -m research.harness.training_study                      # every (cell, arm, seed) not yet run, then the summary
+    python -m research.harness.training_study --cells long --seeds 10 11 12   # extend a cell with more seeds
+    python -m research.harness.training_study --summary            # rebuild the summary from the finished runs only
+    python -m research.harness.training_study --pilot 1e-4 2e-4 5e-4 1e-3 2e-3                  # how the learning rates
+    python -m research.harness.training_study --pilot 2e-4 5e-4 1e-3 2e-3 --pilot-cell short    # were chosen
+
+    python -m research.harness.training_study --study 2 ...    # the second study (issue 26): study2.py
+    python -m research.harness.training_study --study 3 ...    # the third (why study 2's candidates lost in long): study3.py
+
+The options of the three studies; ``main`` hands ``--study 2`` to study2.py, ``--study 3`` to study3.py and the first
+study to study1.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from research.harness.training_study.preregistration import PILOT
+from research.harness.training_study.preregistration2 import PILOT_CELL
+from research.harness.training_study.study1 import main1, parse_study1
+from research.harness.training_study.study2 import main2, parse_study2
+from research.harness.training_study.study3 import main3, parse_study3
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m research.harness.training_study", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--study", type=int, choices=[1, 2, 3], default=1, help="the first study (default), the second or the third"
+    )
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps per arm (the tests)")
+    parser.add_argument("--cells", nargs="+", default=None, help="cells to run (default: all)")
+    parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all of the study)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the pre-registered 10")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--cache", default=".cache/training_study", help="warm-started weights")
+    parser.add_argument("--summary", action="store_true", help="only rebuild the summary from finished runs")
+    parser.add_argument("--variance-check", action="store_true", help="only the precondition (benchmarks.variance)")
+    parser.add_argument("--warm-start-only", action="store_true", help="make the seeds' warm-started policies only")
+    parser.add_argument(
+        "--pilot",
+        type=float,
+        nargs="*",
+        default=None,
+        metavar="LR",
+        help="the learning-rate pilot. Study 1: --pilot-cell at each LR, for grpo_N4 on seed 100 (PREREGISTRATION's "
+        "cell_notes). Study 2: no LR (the pre-registered grid), --task and --arms",
+    )
+    parser.add_argument("--pilot-cell", default=PILOT["cell"], help="the cell of study 1's --pilot (default: long)")
+    parser.add_argument("--task", default=None, choices=list(PILOT_CELL), help="study 2's --pilot: the task")
+    parser.add_argument("--record-rates", action="store_true", help="study 2: the pilots' chosen rates -> rates file")
+    parser.add_argument("--plan", action="store_true", help="study 2: the runs and their estimated CPU time")
+    parser.add_argument("--tune", action="store_true", help="study 3: the tuning runs (every arm and rate)")
+    args = parser.parse_args(argv)
+    args.out = Path(args.out)
+    parse = {1: parse_study1, 2: parse_study2, 3: parse_study3}[args.study]
+    return parse(args, parser)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return {1: main1, 2: main2, 3: main3}[args.study](args)

@@ -1,0 +1,7 @@
+"""``python -m research.report``: the command line of ``pages.py``."""
+
+import sys
+
+from research.report.pages import main
+
+sys.exit(main())

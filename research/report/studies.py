@@ -1,0 +1,73 @@
+"""The README's table of studies: one row per training study, OTB's paired auc difference from TRL's default GRPO
+(``advantage_estimator="grpo"``, ``scale_rewards="group"``, N=4) in each of its cells, counted by reading."""
+
+from __future__ import annotations
+
+from research.report.tables import Context, markdown_table
+
+# (study folder, summary stem, what was trained, the OTB arm with its options, the paired key, cells or None for all)
+STUDIES = [
+    (
+        "training_study1",
+        "training_study",
+        "2-layer toy",
+        '`otb_tail="zero"`',
+        "otb_N4-grpo_N4",
+        None,
+    ),
+    (
+        "training_study2",
+        "training_study2",
+        "2-layer toy",
+        '`otb_tail="zero_advantage"`',
+        "otb_zero_advantage-grpo_N4",
+        ("long", "long_right", "short", "long_high_lr"),
+    ),
+    (
+        "training_study3",
+        "training_study3",
+        "2-layer toy, rates tuned",
+        '`otb_tail="zero_advantage"`',
+        "otb_zero_advantage-grpo_N4",
+        None,
+    ),
+    (
+        "real_model",
+        "real_model_study_reach",
+        "SmolLM2-135M",
+        '`otb_tail="zero_advantage"`, lr `1e-6`',
+        "otb_default-grpo_N4",
+        None,
+    ),
+    (
+        "real_model",
+        "real_model_study_reach_rate",
+        "SmolLM2-135M, same rate",
+        '`otb_tail="zero_advantage"`, lr `3e-6`',
+        "otb_default_lr3e-06-grpo_N4",
+        None,
+    ),
+]
+
+
+def reading(auc: dict) -> str:
+    """'lower', 'higher' or 'level': where the paired 95% interval of OTB minus GRPO lies."""
+    lo, hi = auc["ci"]
+    return "higher" if lo > 0 else "lower" if hi < 0 else "level"
+
+
+def studies_table(ctx: Context) -> str:
+    """Per study: the model, OTB's arm, seeds, the cells where OTB's auc was lower / level / higher than TRL's GRPO's
+    (paired 95% interval), and the range of the mean differences."""
+    header = ["study", "model", "OTB arm", "seeds", "cells lower / level / higher", "auc minus GRPO's"]
+    rows = []
+    for folder, stem, model, arm, key, cells in STUDIES:
+        data = ctx.load(stem)
+        aucs = [res["paired"][key]["auc"] for cell, res in data["cells"].items() if cells is None or cell in cells]
+        counts = [sum(reading(a) == r for a in aucs) for r in ("lower", "level", "higher")]
+        means = [a["mean"] for a in aucs]
+        spread = f"{min(means):+.3f}" if len(means) == 1 else f"{min(means):+.3f} to {max(means):+.3f}"
+        seeds = "/".join(sorted({str(a["seeds"]) for a in aucs}))
+        link = f"[{folder}]({ctx.to_root}research/{folder}/README.md)"
+        rows.append([link, model, arm, seeds, " / ".join(map(str, counts)), spread])
+    return "\n".join(markdown_table(header, ["---", "---", "---", "---:", "---:", "---:"], rows))
