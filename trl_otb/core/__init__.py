@@ -5,6 +5,7 @@
 - :mod:`.spec`        its specification as plain loops (``reference_otb``), what ``otb`` is tested against
 - :mod:`.estimators`  OTB and the sequence-level baselines by name (``ESTIMATORS``, ``compute_advantages``)
 - :mod:`.diagnostics` the per-step ``otb/`` statistics (``otb_diagnostics``)
+- :mod:`.yardstick`   how good a gradient estimator is: cos, scale, snr, eps_star, kappa (``yardstick``)
 - :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above
 """
 
@@ -23,6 +24,7 @@ from .estimators import (
 )
 from .otb import ALIGNS, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, TAILS, OTBTerms, otb_advantages, otb_terms
 from .proxy import compute_dtype, logit_gradient_proxy, sum_pi_squared, uniform_proxy
+from .yardstick import yardstick, yardstick_from_products
 
 __all__ = [
     "ALIGNS",
@@ -48,4 +50,6 @@ __all__ = [
     "rloo_advantages",
     "sum_pi_squared",
     "uniform_proxy",
+    "yardstick",
+    "yardstick_from_products",
 ]
