@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import sys
+import types
+import warnings
 from dataclasses import dataclass, field, fields
+from typing import Literal, get_origin
 
 from trl import GRPOConfig
 
@@ -13,6 +18,16 @@ TRAINING_PROXIES = ("logit", "uniform")
 # TRL losses that use the advantage elementwise, token by token: the only ones a token-level estimator may feed.
 # (VESPO picks its gamma shape per *sequence* from the advantage's sign, which OTB's can change inside a sequence.)
 TOKEN_LEVEL_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
+# The type an OTB field takes where its annotation says less than TRL reads: GRPOConfig turns scale_rewards=True into
+# "group", and num_generations=None fails inside TRL (it divides by it).
+_TYPE_OVERRIDES = {"scale_rewards": (str, bool, type(None)), "num_generations": (int,)}
+# Closed ranges [low, high] of the numeric OTB fields (None: unbounded on that side).
+_RANGES = {
+    "otb_epsilon": (0.0, None),
+    "otb_fidelity_check_steps": (0, None),
+    "otb_fidelity_rows": (1, None),
+    "otb_fidelity_min_energy_spearman": (-1.0, 1.0),
+}  # num_generations >= 2 is checked with its reason in _validate_otb_fields
 
 
 @dataclass
@@ -117,10 +132,16 @@ class OTBConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        _validate_otb_types(self)
         self._validate_otb_fields()
         if self.scale_rewards is None:  # resolved before TRL reads it: TRL's trainer knows no None
             self.scale_rewards = "group" if self.advantage_estimator == "grpo" else "none"
-        super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
+        with warnings.catch_warnings():
+            if self.activation_checkpointing is None and self.gradient_checkpointing is True:
+                # TRL's own default (gradient_checkpointing=True), which transformers warns about on every config; a
+                # value the user sets stays warned about, and so does every other warning.
+                warnings.filterwarnings("ignore", message=_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+            super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
         self._validate_against_grpo()
 
     def estimator_options(self, *, align: str | None = None) -> dict[str, object]:
@@ -159,18 +180,6 @@ class OTBConfig(GRPOConfig):
             _fail(f"unknown otb_tail={self.otb_tail!r}; choose one of {list(TAILS)}.")
         if self.otb_align is not None and self.otb_align not in ALIGNS:
             _fail(f"unknown otb_align={self.otb_align!r}; choose one of {list(ALIGNS)} or None (automatic).")
-        if not (isinstance(self.otb_epsilon, int | float) and self.otb_epsilon >= 0):
-            _fail(f"otb_epsilon must be a number >= 0, got {self.otb_epsilon!r}.")
-        if not (isinstance(self.otb_fidelity_check_steps, int) and self.otb_fidelity_check_steps >= 0):
-            _fail(
-                f"otb_fidelity_check_steps must be an integer >= 0 (0 = off), got {self.otb_fidelity_check_steps!r}."
-            )
-        if not (isinstance(self.otb_fidelity_rows, int) and self.otb_fidelity_rows >= 1):
-            _fail(f"otb_fidelity_rows must be an integer >= 1, got {self.otb_fidelity_rows!r}.")
-        if not -1.0 <= self.otb_fidelity_min_energy_spearman <= 1.0:
-            _fail(
-                f"otb_fidelity_min_energy_spearman is a correlation in [-1, 1], got {self.otb_fidelity_min_energy_spearman}."
-            )
         if not self.temperature > 0:
             _fail(
                 f"temperature={self.temperature!r}: training samples completions from softmax(z / temperature) and "
@@ -178,7 +187,7 @@ class OTBConfig(GRPOConfig):
                 "and temperature <= 0 (greedy decoding) has none. Set temperature > 0: 1.0 (TRL's default) samples "
                 "the model as it is, lower values (e.g. 0.7) closer to greedy."
             )
-        if self.num_generations is not None and self.num_generations < 2:
+        if self.num_generations < 2:
             _fail(
                 f"num_generations={self.num_generations}: OTB compares completions of the same prompt, so training "
                 "needs at least 2 per group (with 1 it degenerates to plain REINFORCE). Set num_generations >= 2 "
@@ -238,6 +247,69 @@ class OTBConfig(GRPOConfig):
 
 def _fail(message: str):
     raise ValueError(f"OTBConfig: {message}")
+
+
+_CHECKPOINTING_DEPRECATION = r"`gradient_checkpointing` is deprecated and will be removed in v6"
+
+
+def otb_field_names() -> list[str]:
+    """The fields OTBConfig declares itself (its own options, and the GRPOConfig fields it redefines), in order."""
+    own = vars(OTBConfig).get("__annotations__", {})
+    return [f.name for f in fields(OTBConfig) if f.name in own]
+
+
+def _accepted_types(name: str) -> tuple[type, ...]:
+    """The types field ``name`` takes: its annotation's (``float`` takes an int too), or :data:`_TYPE_OVERRIDES`."""
+    if name in _TYPE_OVERRIDES:
+        return _TYPE_OVERRIDES[name]
+    annotation = vars(OTBConfig)["__annotations__"][name]
+    if isinstance(annotation, str):  # postponed annotations: resolve in this module's namespace
+        annotation = eval(annotation, vars(sys.modules[__name__]))  # noqa: S307 (our own annotation text)
+    accepted = annotation.__args__ if isinstance(annotation, types.UnionType) else (annotation,)
+    # A Literal["a", "b"] takes the types of its values; the values themselves are checked where the field is.
+    accepted = [type(v) for a in accepted for v in a.__args__] if get_origin(annotation) is Literal else accepted
+    return tuple(t for a in accepted for t in ((int, float) if a is float else (a,)) if isinstance(t, type))
+
+
+def _type_text(accepted: tuple[type, ...]) -> str:
+    names = {bool: "True or False", int: "an integer", float: "a finite number", str: "a string", type(None): "None"}
+    shown = [t for t in accepted if not (t is int and float in accepted)]  # a float field takes ints too
+    return " or ".join(names.get(t, t.__name__) for t in shown)
+
+
+def _validate_otb_types(config: OTBConfig) -> None:
+    """Every field of :func:`otb_field_names` has a value of its annotated type (a bool is not an int, an int not a
+    bool, a number is finite) and lies in its :data:`_RANGES` range; otherwise a ValueError says what to set."""
+    for name in otb_field_names():
+        value, accepted = getattr(config, name), _accepted_types(name)
+        if not accepted:
+            continue  # an annotation that names no plain type (e.g. a Protocol): nothing to check by type
+        is_bool = isinstance(value, bool)
+        ok = isinstance(value, accepted) and (bool in accepted or not is_bool)  # True is an int to Python
+        if ok and not is_bool and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            hint = (
+                " (a string such as 'no' or 'false' is read as True)"
+                if bool in accepted and isinstance(value, str)
+                else ""
+            )
+            _fail(
+                f"{name}={value!r} ({type(value).__name__}) is not {_type_text(accepted)}{hint}. Set {name} to "
+                f"{_type_text(accepted)}; its default is {_default(name)!r}."
+            )
+        low, high = _RANGES.get(name, (None, None))
+        if (
+            value is not None
+            and not is_bool
+            and ((low is not None and value < low) or (high is not None and value > high))
+        ):
+            bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            _fail(f"{name}={value!r} is out of range: set {name} {bounds} (default {_default(name)!r}).")
+
+
+def _default(name: str):
+    return next(f.default for f in fields(OTBConfig) if f.name == name)
 
 
 def otb_fields_markdown() -> str:
