@@ -10,6 +10,7 @@
 
     python -m research.harness.training_study --study 2 ...    # the second study (issue 26): study2.py
     python -m research.harness.training_study --study 3 ...    # the third (why study 2's candidates lost in long): study3.py
+    python -m research.harness.training_study --study 4 ...    # the estimator study: study4.py
 
 The options of the three studies; ``main`` hands ``--study 2`` to study2.py, ``--study 3`` to study3.py and the first
 study to study1.py.
@@ -25,6 +26,7 @@ from research.harness.training_study.preregistration2 import PILOT_CELL
 from research.harness.training_study.study1 import main1, parse_study1
 from research.harness.training_study.study2 import main2, parse_study2
 from research.harness.training_study.study3 import main3, parse_study3
+from research.harness.training_study.study4 import main4, parse_study4
 
 
 def parse_args(argv=None):
@@ -32,7 +34,7 @@ def parse_args(argv=None):
         prog="python -m research.harness.training_study", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "--study", type=int, choices=[1, 2, 3], default=1, help="the first study (default), the second or the third"
+        "--study", type=int, choices=[1, 2, 3, 4], default=1, help="the study: 1 (default) to 4 (the estimator study)"
     )
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps per arm (the tests)")
     parser.add_argument("--cells", nargs="+", default=None, help="cells to run (default: all)")
@@ -58,13 +60,13 @@ def parse_args(argv=None):
     parser.add_argument("--task", default=None, choices=list(PILOT_CELL), help="study 2's --pilot: the task")
     parser.add_argument("--record-rates", action="store_true", help="study 2: the pilots' chosen rates -> rates file")
     parser.add_argument("--plan", action="store_true", help="study 2: the runs and their estimated CPU time")
-    parser.add_argument("--tune", action="store_true", help="study 3: the tuning runs (every arm and rate)")
+    parser.add_argument("--tune", action="store_true", help="studies 3 and 4: the tuning runs (every arm and rate)")
     args = parser.parse_args(argv)
     args.out = Path(args.out)
-    parse = {1: parse_study1, 2: parse_study2, 3: parse_study3}[args.study]
+    parse = {1: parse_study1, 2: parse_study2, 3: parse_study3, 4: parse_study4}[args.study]
     return parse(args, parser)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    return {1: main1, 2: main2, 3: main3}[args.study](args)
+    return {1: main1, 2: main2, 3: main3, 4: main4}[args.study](args)

@@ -79,7 +79,7 @@ def run_one(job: dict) -> dict:
 
     N = arm["num_generations"]
     # Only an OTB arm names its OTB options (OTBConfig refuses a non-default one on another estimator).
-    otb_options = {k: arm[k] for k in ("otb_tail", "otb_leave_one_out") if k in arm} | ARM_OPTIONS.get(job["arm"], {})
+    otb_options = {k: v for k, v in arm.items() if k.startswith("otb_")} | ARM_OPTIONS.get(job["arm"], {})
     config = OTBConfig(
         output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
         advantage_estimator=arm["advantage_estimator"],
