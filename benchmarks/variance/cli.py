@@ -113,6 +113,32 @@ def parse_args(argv=None):
         "against reference OTB and GRPO, the calibration of the squared bias (RLOO 0, GRPO ||g_ref||^2 / N^2)",
     )
     parser.add_argument(
+        "--yardstick",
+        action="store_true",
+        help="the yardstick (cos, scale, snr, eps_star, kappa; benchmarks/variance/yardstick.py) of TRL's GRPO, "
+        "unscaled GRPO, RLOO, OGB and OTB's default, reference, leave-one-out and unbiased options, in the "
+        "score-centred pool (each horizon's `yardstick` entry), beside the variance columns",
+    )
+    parser.add_argument(
+        "--batch-groups",
+        type=int,
+        default=4,
+        help="B, the groups one training step averages, at which snr, eps_star and kappa are taken (default 4, the "
+        "training studies' prompts per step)",
+    )
+    parser.add_argument(
+        "--kappa-coords",
+        type=int,
+        default=1024,
+        help="LM-head coordinates sampled per prompt for kappa (default 1024)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a state dict (torch.save) loaded into the task's model before sampling: the pools of a trained policy "
+        "(its file name joins the cache key)",
+    )
+    parser.add_argument(
         "--decompose-Ns", type=int, nargs="+", default=[4], help="group sizes of the --study split (default 4)"
     )
     parser.add_argument("--threads", type=int, default=1)
@@ -194,13 +220,15 @@ def main(argv=None):
     run = plan(args)
     start = time.perf_counter()
     model, tokenizer, prompts, reward_fn = setup(args.quick, run.candidates, args.seed, args.task, args.count_targets)
+    if args.checkpoint:
+        model.load_state_dict(torch.load(args.checkpoint, weights_only=True))
     model.eval()
     pools = collect_pools(model, tokenizer, prompts, reward_fn, args, run)
     if args.sample_only:
         print(f"pools cached in {run.cache} ({time.perf_counter() - start:.0f} s)")
         return
 
-    analysis = Analysis.of(args.study, args.fallbacks)
+    analysis = Analysis.of(args.study, args.fallbacks, args.yardstick)
     head_weight = model.get_output_embeddings().weight.detach()
     adapter = None
     if "lora" in run.spaces:
@@ -226,6 +254,20 @@ def main(argv=None):
             "core_tails": list(core_tails()),
             "bias": "bias_sq = ||E g - g_ref||^2 per prompt, the plug-in ||g_bar - g_ref||^2 less the unbiased "
             "Var(g) / G (squared_bias); bias_sq_plugin is the uncorrected one; mse = var G / (G - 1) + bias_sq",
+        }
+    if analysis.yardstick:
+        meta["yardstick"] = {
+            "batch_groups": args.batch_groups,
+            "checkpoint": args.checkpoint,
+            "estimators": {name: [str(spec[0]), spec[1]] for name, spec in analysis.estimators.items()},
+            "world": "the score-centred pool (gradients.position_centring): the reference g~_ref is exact there",
+            "estimates": "<m, g> = mean_k <g_k, g_ref>; tr S = (mean_k ||g_k||^2 - ||g_bar||^2) G / (G - 1); "
+            "||m||^2 = ||g_bar||^2 - tr S / G (the plug-in is inflated by tr S / G); summed over prompts; "
+            "cos, scale, snr, eps_star by trl_otb.core.yardstick.yardstick_from_products at B = batch_groups",
+            "kappa": f"on {args.kappa_coords} sampled LM-head coordinates per prompt (two strata: the rows of the "
+            "pool's sampled tokens, the other rows; inverse-inclusion weights); every coordinate when V*H is smaller",
+            "intervals": "95% percentile bootstrap, prompts then groups resampled, the same resamples for every "
+            "estimator (paired: a - control per resample); kappa's interval on the first 200 resamples",
         }
     write_json(out / f"{stem}.json", {"meta": meta, "results": results})
     plot(results, run.Ns, run.horizons, out / f"{stem}.png")

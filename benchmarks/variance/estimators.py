@@ -34,6 +34,39 @@ PAIRS = (("otb", "grpo"), ("otb", "ogb"))
 """The paired comparisons reported per cell: (a, b) gives the rescaled variance of a minus that of b."""
 
 
+YARDSTICK_ESTIMATORS = {
+    "grpo_std": ("grpo", {"scale": "group"}),
+    "grpo": ("grpo", {"scale": "none"}),
+    "rloo": ("rloo", {}),
+    "ogb": ("ogb", {}),
+    "otb_default": ("otb", {"tail": "zero_advantage"}),
+    "otb": ("otb", {"tail": "zero"}),
+    "otb_zero_advantage_loo": ("otb", {"tail": "zero_advantage", "leave_one_out": True}),
+}
+"""``--yardstick``'s estimators: TRL's GRPO (std-scaled), unscaled GRPO, RLOO, OGB, today's default OTB
+(``zero_advantage``, self-inclusive), the reference OTB (``zero``), leave-one-out OTB with ``zero_advantage``; and
+``UNBIASED_OTB`` where the installed core has them (``yardstick_estimators``)."""
+UNBIASED_OTB = {
+    "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True}),
+    "otb_others_mean_loo_ess": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "ess"}),
+}
+"""The exactly unbiased OTB options: leave-one-out with the others' mean at lone positions, and the same shrunk
+toward the others' mean by its effective sample size."""
+
+
+def yardstick_estimators() -> dict:
+    """``YARDSTICK_ESTIMATORS`` and each of ``UNBIASED_OTB`` that the installed core accepts."""
+    out = dict(YARDSTICK_ESTIMATORS)
+    one = (torch.ones(2), torch.ones(2, 1), torch.ones(2, 1), torch.zeros(2, dtype=torch.long))
+    for name, (estimator, options) in UNBIASED_OTB.items():
+        try:
+            compute_advantages(estimator, *one, **options)
+        except (TypeError, ValueError):
+            continue
+        out[name] = (estimator, options)
+    return out
+
+
 def _contiguous_groups(x, group_ids):
     """x [B, ...] viewed as [G, N, ...]: the groups that group_coefficients builds are contiguous and equal-sized."""
     N = int((group_ids == group_ids[0]).sum())

@@ -211,10 +211,14 @@ def position_centring(mask, K):
     return pos, EK, centre
 
 
-def _cell_terms(C, KC, c_ref, K_c_ref, ref_sq):
-    """The per-group terms of one (N, estimator) cell: C [G, n] coefficient rows, KC = C K, c_ref, K c_ref."""
+def _cell_terms(C, KC, c_ref, K_c_ref, ref_sq, coords=None):
+    """The per-group terms of one (N, estimator) cell: C [G, n] coefficient rows, KC = C K, c_ref, K c_ref; with
+    ``coords`` (F [n, D], weights [D]: ``yardstick.head_coordinates``), also every group's and the reference's
+    gradient on those D coordinates (for ``kappa``)."""
     c_bar = C.mean(0)
+    extra = {} if coords is None else {"coords": ((C @ coords[0]).float(), c_ref @ coords[0], coords[1])}
     return {
+        **extra,
         "sq": (KC * C).sum(1),  # ||g||^2
         "dot_bar": KC @ c_bar,
         "dot_ref": KC @ c_ref,
@@ -227,7 +231,7 @@ def _cell_terms(C, KC, c_ref, K_c_ref, ref_sq):
 
 def analyse_prompt(
     K, rewards, proxy, mask, Ns, num_groups, generator, estimators=None, decompose=(), decompose_Ns=(4,),
-    centred=False,
+    centred=False, coords=None,
 ):  # fmt: skip
     """Per estimator and N: per-group ||g||^2, <g, g_bar>, <g, g_ref> terms and the groups' Gram matrix
     <g_k, g_l>, for the bootstrap. With ``centred``, also ``("centred", N, est)``: the same terms in the
@@ -235,7 +239,8 @@ def analyse_prompt(
 
     For the estimators in ``decompose`` and N in ``decompose_Ns``, also ``("bins", N, est)``: per SHARE_BINS bin,
     the variance of the part of g made of the tokens in that bin (E||g_bin - E g_bin||^2 over these groups) and the
-    bin's share of tokens."""
+    bin's share of tokens. ``coords`` (F [n, D], weights [D]) adds each group's gradient on D sampled coordinates
+    to the cells the yardstick reads (the centred ones with ``centred``), for ``kappa``."""
     estimators = estimators or VARIANCE_ESTIMATORS
     M = rewards.numel()
     lengths = mask.sum(1)
@@ -272,8 +277,8 @@ def analyse_prompt(
                     }
                 out[("bins", N, est)] = parts
             KC = C @ K  # [G, n]
-            out[(N, est)] = _cell_terms(C, KC, c_ref, K_ref, ref_sq)
+            out[(N, est)] = _cell_terms(C, KC, c_ref, K_ref, ref_sq, None if centred else coords)
             if centred:
                 C_c, D = centre(C)
-                out[("centred", N, est)] = _cell_terms(C_c, KC - D @ EK, c_ref_c, K_ref_c, ref_sq_c)
+                out[("centred", N, est)] = _cell_terms(C_c, KC - D @ EK, c_ref_c, K_ref_c, ref_sq_c, coords)
     return out

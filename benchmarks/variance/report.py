@@ -75,3 +75,11 @@ def print_summary(space, h, res: dict, prompts: int) -> None:
             f"{'  significant' if t['significant'] else ''}"
         )
     print(f"  GRPO N matching OTB at N=4 (rescaled variance): {res['grpo_N_matching_otb_N4']}")
+    if res.get("yardstick"):
+        print(f"  yardstick (score-centred pool, B={res['yardstick']['batch_groups']}):")
+        for k, row in res["yardstick"]["table"].items():
+            print(
+                f"  {k:28s} cos {row['cos']:.3f} [{row['cos_ci'][0]:.3f}, {row['cos_ci'][1]:.3f}]  "
+                f"scale {row['scale']:.3f}  snr {row['snr']:.3g}  eps_star {row['eps_star']:.4f} "
+                f"[{row['eps_star_ci'][0]:.4f}, {row['eps_star_ci'][1]:.4f}]  kappa {row.get('kappa', float('nan')):.3f}"
+            )

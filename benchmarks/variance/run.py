@@ -19,10 +19,12 @@ from benchmarks.variance.estimators import (
     check_fallbacks,
     fallback_estimators,
     fallback_pairs,
+    yardstick_estimators,
 )
 from benchmarks.variance.gradients import analyse_prompt, cached_lora_gram, token_gram
 from benchmarks.variance.sampling import STUDY_TASKS, load_or_sample_pool, pool_seed, prompt_tensors
 from benchmarks.variance.statistics import calibration, decomposition_summary, matching_n, summarise
+from benchmarks.variance.yardstick import head_coordinates, summarise_yardstick
 
 
 @dataclass
@@ -64,6 +66,8 @@ def plan(args) -> Plan:
     # Prompt i of a task is the same prompt in every invocation (a cached pool is checked against it on load), so
     # candidates can be appended (more --count-targets, a larger --candidates) without resampling the others.
     task_tag = "quick" if q else args.task
+    # A checkpoint's pools are its own: its file name joins the cache key.
+    checkpoint = f"-c{Path(args.checkpoint).stem}" if getattr(args, "checkpoint", None) else ""
     return Plan(
         spaces=args.spaces or (["lm_head", "lora"] if args.task == "math" else ["lm_head"]),
         horizons=horizons,
@@ -77,7 +81,7 @@ def plan(args) -> Plan:
         Ns=args.Ns or ([2, 4, 8] if q else [2, 4, 8, 16]),
         num_groups=args.groups or (64 if q else 100),
         cache=Path(args.cache or (Path(args.out) / "pools_quick" if q else ".cache/variance")),
-        key=f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}",
+        key=f"{task_tag}-M{pool_size}-h{sample_horizon}-T{temperature:g}-k{args.top_k}-s{args.seed}{checkpoint}",
         deadline=time.perf_counter() + 60 * args.time_limit if args.time_limit else float("inf"),
     )
 
@@ -140,9 +144,20 @@ class Analysis:
     decompose: tuple
     fallbacks: bool = False
     implementation: dict = field(default_factory=dict)  # --fallbacks: estimator -> "core" or the package's reference
+    yardstick: bool = False
+
+    @property
+    def centred(self) -> bool:
+        """Whether the cells are also analysed in the score-centred pool (the yardstick's world)."""
+        return self.fallbacks or self.yardstick
 
     @classmethod
-    def of(cls, study: bool, fallbacks: bool = False) -> Analysis:
+    def of(cls, study: bool, fallbacks: bool = False, yardstick: bool = False) -> Analysis:
+        if yardstick and not fallbacks:
+            estimators = {**yardstick_estimators(), **(STUDY_ESTIMATORS if study else {})}
+            pairs = (("otb_default", "grpo"), ("otb_default", "grpo_std")) + PAIRS + (STUDY_PAIRS if study else ())
+            decompose = tuple(e for e in DECOMPOSED if e in estimators) if study else ()
+            return cls(estimators, pairs, decompose, yardstick=True)
         if not fallbacks:
             return cls(
                 estimators={**VARIANCE_ESTIMATORS, **(STUDY_ESTIMATORS if study else {})},
@@ -150,10 +165,10 @@ class Analysis:
                 decompose=DECOMPOSED if study else (),
             )
         grid, implementation = fallback_estimators()
-        estimators = {**grid, **(STUDY_ESTIMATORS if study else {})}
+        estimators = {**grid, **(yardstick_estimators() if yardstick else {}), **(STUDY_ESTIMATORS if study else {})}
         pairs = tuple(dict.fromkeys(PAIRS + fallback_pairs(grid) + (STUDY_PAIRS if study else ())))
         decompose = tuple(e for e in DECOMPOSED if e in estimators) if study else ()
-        return cls(estimators, pairs, decompose, True, implementation)
+        return cls(estimators, pairs, decompose, True, implementation, yardstick)
 
 
 def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, analysis: Analysis, lora_s: dict):
@@ -187,13 +202,17 @@ def analyse_horizon(h, pools: Pools, head_weight, adapter, args, run: Plan, anal
             else:
                 lora_missing.append(p)
         t2 = time.perf_counter()
+        coords = None
+        if analysis.yardstick and "lm_head" in grams:
+            coord_gen = torch.Generator().manual_seed(pool_seed(args.seed, p) * 7919 + h + 1)
+            coords = head_coordinates(cut, head_weight, run.temperature, args.kappa_coords, coord_gen)
         for space, K in grams.items():
             # The same random groups in every space and for every estimator: seeded by (seed, prompt, horizon).
             generator.manual_seed(pool_seed(args.seed, p) * 7919 + h)
             per_prompt[space].append(
                 analyse_prompt(
                     K, R, proxy, mask, run.Ns, run.num_groups, generator, analysis.estimators, analysis.decompose,
-                    args.decompose_Ns, centred=analysis.fallbacks,
+                    args.decompose_Ns, centred=analysis.centred, coords=coords if space == "lm_head" else None,
                 )
             )  # fmt: skip
         if analysis.fallbacks:
@@ -231,8 +250,8 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
         if rows and analysis.decompose
         else None
     )
-    centred = None
-    if rows and analysis.fallbacks:
+    centred = yardstick = None
+    if rows and analysis.centred:
         # The same analysis in the score-centred pool (position_centring), with its own resampling seed so that
         # the pool reference's numbers do not depend on whether this runs.
         view = [{key[1:]: cell for key, cell in pp.items() if key[0] == "centred"} for pp in rows]
@@ -241,11 +260,18 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
             list(analysis.estimators), analysis.pairs,
         )  # fmt: skip
         centred = {"table": table_c, "paired": paired_c, "calibration": calibration(table_c, run.Ns)}
+        if analysis.yardstick:
+            y_table, y_paired = summarise_yardstick(
+                view, run.Ns, list(analysis.estimators), args.batch_groups, args.bootstrap,
+                torch.Generator().manual_seed(args.seed * 31 + h + 29),
+            )  # fmt: skip
+            yardstick = {"batch_groups": args.batch_groups, "table": y_table, "paired": y_paired}
     answer = matching_n(table, run.Ns) if table and 4 in run.Ns else None
     lora_missing = cells["lora_missing"]
     mean_len = cells["mean_len"]
     return {
         "horizon": h,
+        **({"yardstick": yardstick} if yardstick else {}),
         "prompts_kept": [r for r in cells["kept_rows"] if space != "lora" or r["prompt"] not in lora_missing],
         "prompts_target": run.target,
         "mean_completion_tokens": sum(mean_len) / max(len(mean_len), 1),
@@ -267,7 +293,7 @@ def summarise_space(space, h, cells: dict, args, run: Plan, analysis: Analysis) 
                 "fallback_checks": cells["fallback_checks"],
                 "centred": centred,
             }
-            if analysis.fallbacks and table
+            if analysis.centred and table
             else {}
         ),
     }
