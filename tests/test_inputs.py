@@ -1,8 +1,8 @@
-"""trl_otb/inputs.py: the bad inputs that TRL meets too late get a message, from OTBTrainer, that says what to change:
-a reward function's output of the wrong type or shape (at the first step, naming the function), a dataset without a
-`prompt` column, with no rows, too few for one batch, or with empty prompts (at construction; a stream's rows at the
-batch where they come, an empty stream when training ends). Valid inputs pass unchanged: async, NumPy and model
-rewards, and an environment that supplies the prompts."""
+"""trl_otb/inputs.py and trl_otb/rewards.py: the bad inputs that TRL meets too late get a message, from OTBTrainer,
+that says what to change: a reward function's output of the wrong type or shape (at the first step, naming the
+function), a dataset without a `prompt` column, with no rows, too few for one batch, or with empty prompts (at
+construction; a stream's rows at the batch where they come, an empty stream when training ends). Valid inputs pass
+unchanged: async, NumPy and model rewards, blank chat messages, and an environment that supplies the prompts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification
 from trl.trainer.utils import is_async_callable
 
 from trl_otb import OTBTrainer
-from trl_otb.inputs import checked_reward_func, reward_values
+from trl_otb.rewards import checked_reward_func, reward_values
 from trl_otb.testing import N, RecordingReward, make_args, prompts_dataset, tool_ready_model
 
 MUST_RETURN = "must return a list of floats (or None for a completion it cannot score)"
@@ -37,7 +37,9 @@ BAD_OUTPUTS = [
     ("forgotten-return", lambda n: None, TypeError, "returned None"),
     ("list-of-lists", lambda n: [[1.0, 0.0]] * n, TypeError, "item 0 is a list ([1.0, 0.0]), not a number"),
     ("list-of-strings", lambda n: ["1.0"] * n, TypeError, "item 0 is a str ('1.0'), not a number"),
-    ("column-tensor", lambda n: torch.zeros(n, 1), TypeError, f"returned a Tensor of shape ({N * 2}, 1)"),
+    ("two-column-tensor", lambda n: torch.zeros(n, 2), TypeError, f"returned a Tensor of shape ({N * 2}, 2)"),
+    ("column-array", lambda n: np.zeros((n, 1)), TypeError, f"returned a ndarray of shape ({N * 2}, 1)"),
+    ("list-of-arrays", lambda n: [np.zeros(1)] * n, TypeError, "item 0 is a ndarray"),
     ("dict", lambda n: {"reward": 1.0}, TypeError, "returned a dict"),
     ("too-short", lambda n: [1.0] * (n - 1), ValueError, f"returned {N * 2 - 1} values for {N * 2} completions"),
 ]
@@ -68,7 +70,7 @@ def test_an_async_reward_function_is_checked_too(tiny_model_dir, tmp_path):
     trainer = OTBTrainer(
         tiny_model_dir, reward_funcs=forgetful_reward, args=make_args(tmp_path), train_dataset=prompts_dataset()
     )
-    assert is_async_callable(trainer.reward_funcs[0])  # precondition: TRL still runs it on its event loop
+    assert trainer.reward_funcs[0] is forgetful_reward and is_async_callable(forgetful_reward)  # TRL's own list
     with pytest.raises(TypeError, match=r"Reward function 'forgetful_reward' returned None\..*forget a `return`"):
         trainer.train()
 
@@ -83,6 +85,8 @@ def test_valid_outputs_pass_as_the_same_values():
         [np.float64(1.0), np.int64(2), np.bool_(True)],
         [torch.tensor(1.0), None, np.array(2.0)],
         (x for x in [1.0, 2.0, 3.0]),
+        torch.tensor([[1.0], [2.0], [3.0]]),  # a reward model's [B, 1] logits
+        [torch.tensor([1.0]), torch.tensor([[2.0]]), None],
     ):
         values = reward_values(output, "r", n)
         assert isinstance(values, list) and len(values) == n
@@ -97,12 +101,16 @@ def test_the_checked_function_keeps_its_name_and_kind():
         return [1.0] * len(completions)
 
     assert is_async_callable(graded) and not is_async_callable(plain)  # precondition
-    assert checked_reward_func(graded, "graded").__name__ == "graded" and is_async_callable(
-        checked_reward_func(graded, "graded")
+    assert checked_reward_func(graded, "graded", 1).__name__ == "graded" and is_async_callable(
+        checked_reward_func(graded, "graded", 1)
     )
-    assert checked_reward_func(plain, "plain").__name__ == "plain" and not is_async_callable(
-        checked_reward_func(plain, "plain")
+    assert checked_reward_func(plain, "plain", 1).__name__ == "plain" and not is_async_callable(
+        checked_reward_func(plain, "plain", 1)
     )
+    nan_flags = []
+    output = torch.tensor([[1.0], [float("nan")]])
+    assert checked_reward_func(lambda **kwargs: output, "column", 2, nan_flags)(prompts=["a", "b"]) is output
+    assert nan_flags == [False, True]  # called without completions=, as TRL's environment reward is
 
 
 def test_async_numpy_and_model_rewards_train_under_their_own_names(tiny_model_dir, tmp_path, tiny_tokenizer):
@@ -123,7 +131,7 @@ def test_async_numpy_and_model_rewards_train_under_their_own_names(tiny_model_di
     )
     names = trainer.reward_func_names
     assert names[:3] == ["async_reward", "numpy_reward", "recording_reward"]
-    assert trainer.reward_funcs[3] is scorer  # TRL scores a model reward itself: it is not wrapped
+    assert trainer.reward_funcs[0] is async_reward and trainer.reward_funcs[3] is scorer  # TRL's list, unwrapped
     trainer.train()
     logged = trainer.state.log_history[0]
     assert trainer.state.global_step == 1
@@ -169,7 +177,6 @@ EMPTY_PROMPTS = [
     ("empty-string", ""),
     ("blank-string", "  \n"),
     ("no-message", []),
-    ("blank-message", [{"role": "user", "content": " "}]),
     ("none", None),
 ]
 
@@ -240,14 +247,14 @@ def test_an_environment_that_supplies_the_prompts_may_have_empty_ones(tiny_model
     placeholders = text_dataset([[{"role": "user", "content": ""}]] * 4)  # TRL's own placeholder prompts
     model, tokenizer = tool_ready_model(tiny_model_dir)
     args = make_args(tmp_path, max_completion_length=8)
-    with pytest.raises(ValueError, match="prompts are empty"):  # precondition: without the environment, refused
-        OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=placeholders)
+    with pytest.raises(ValueError, match="prompts are empty"):  # precondition: an empty text prompt is refused...
+        OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=text_dataset([""] * 4))
     trainer = OTBTrainer(
         model,
         args=args,
         train_dataset=placeholders,
         processing_class=tokenizer,
         environment_factory=CountingEnvironment,
-    )
+    )  # ...but not where an environment supplies the prompts
     trainer.train()
     assert trainer.state.global_step == 1 and trainer.reward_func_names == ["CountingEnvironment"]

@@ -8,8 +8,9 @@ Only two things change in a training step (see docs/method.md):
    ``[B, T]`` ones from :func:`trl_otb.compute_advantages`, computed on whole groups gathered
    across processes and sliced back.
 
-TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for a +-inf reward, which makes its
-completion unscorable (``_calculate_rewards``), and inputs TRL would fail on late, checked early (:mod:`.inputs`).
+TRL's loss accepts ``[B, T]`` advantages as they are; everything else is TRL, but for a NaN or +-inf reward, which
+makes its completion unscorable (``_calculate_rewards``, :mod:`.rewards`), and inputs TRL would fail on late, checked
+early (:mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,8 @@ from .card import extend_model_card
 from .config import OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
-from .inputs import (
-    EmptyTrainingGuard,
-    check_batch_prompts,
-    check_datasets,
-    checked_reward_funcs,
-    unscorable_if_infinite,
-    warn_nonfinite_grad_norm,
-)
+from .inputs import EmptyTrainingGuard, check_batch_prompts, check_datasets, warn_nonfinite_grad_norm
+from .rewards import REWARD_LIMIT, checked_reward_funcs, local_nan_flags, screen_rewards
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
 # The generation batch's multimodal inputs that TRL's log-prob helper forwards to the model: its parameters after the
@@ -104,8 +99,6 @@ class OTBTrainer(GRPOTrainer):
         self._otb_prompts_required = kwargs.get("environment_factory") is None  # else an environment supplies them
         check_datasets(kwargs.get("train_dataset"), kwargs.get("eval_dataset"), args, self._otb_prompts_required)
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        # Each reward function's output is checked before TRL reads it; TRL's names for them stay as they are.
-        self.reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
         if isinstance(self.train_dataset, IterableDataset):
             self.add_callback(EmptyTrainingGuard())
         # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
@@ -180,17 +173,30 @@ class OTBTrainer(GRPOTrainer):
             self._otb_capture = None
 
     # --- the overrides: each records into the open capture and otherwise is TRL's method, except that ---------
-    # --- _calculate_rewards also makes a completion with a +-inf reward unscorable (its row NaN) ---------------
+    # --- _calculate_rewards checks the outputs and makes a completion with a NaN or +-inf reward unscorable ----
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func, infinite = unscorable_if_infinite(
-            super()._calculate_rewards(inputs, prompts, completions, completion_ids_list),
+        """TRL's rewards ``[B_global, n_funcs]``, each function's output checked as TRL reads it (:mod:`.rewards`);
+        ``self.reward_funcs`` is TRL's own list again once this returns."""
+        trl_funcs, returned_nan = self.reward_funcs, {}
+        self.reward_funcs = checked_reward_funcs(trl_funcs, self.reward_func_names, len(prompts), returned_nan)
+        try:
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        finally:
+            self.reward_funcs = trl_funcs
+        local_nan = local_nan_flags(returned_nan, len(prompts), len(trl_funcs), self.accelerator.device)
+        rewards_per_func, counts = screen_rewards(
+            rewards_per_func,
             self.reward_func_names,
+            self.accelerator.gather(local_nan),
+            is_model=[isinstance(func, torch.nn.Module) for func in trl_funcs],
             warn=self.accelerator.is_main_process,
+            limit=None if self.args.advantage_estimator == "grpo" else REWARD_LIMIT,  # grpo stays GRPOTrainer's
         )
-        self._metrics["train" if self.model.training else "eval"]["otb/infinite_rewards"].append(float(infinite))
+        for name, count in counts.items():
+            self._metrics["train" if self.model.training else "eval"][f"otb/{name}"].append(float(count))
         if self._otb_capture is not None:
-            self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = function gave None
+            self._otb_capture.rewards_per_func = rewards_per_func  # [B_global, n_funcs], NaN = unscorable
         return rewards_per_func
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):

@@ -73,6 +73,7 @@ def test_split_groups_get_single_process_advantages_and_metrics(two_ranks, tiny_
     for rank in two_ranks:
         logged = {k.removeprefix("otb/"): v for k, v in rank["metrics"].items()}
         assert logged.pop("infinite_rewards") == 0.0  # the trainer's own count; every reward here is finite
+        assert logged.pop("nan_rewards") == 0.0
         assert logged.pop("nonfinite_grad_norm", 0.0) == 0.0  # logged at optimizer steps, if the worker took one
         assert logged.keys() == diagnostics.keys()
         for name, value in diagnostics.items():
