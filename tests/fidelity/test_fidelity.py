@@ -180,6 +180,53 @@ def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch, tmp_path):
     assert not (tmp_path / "never.png").exists()
 
 
+def test_a_path_whose_extra_is_missing_fails_at_start_naming_the_extra(monkeypatch, tmp_path):
+    import importlib.util
+
+    from trl_otb.cli import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a)
+    )
+    out = tmp_path / "never.json"
+    # The default --peft all includes qlora: refused before any model is loaded (this path does not exist).
+    with pytest.raises(
+        SystemExit,
+        match=r"qlora path needs bitsandbytes.*pip install 'trl-otb\[quantization\]'.*--peft none or --peft lora",
+    ):
+        main(["fidelity", "--model", str(tmp_path / "no-model"), "--output-json", str(out)])
+    assert not out.exists()
+
+
+def test_an_unloadable_model_is_answered_in_one_line_with_this_commands_flag(tmp_path):
+    from trl_otb.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["fidelity", "--model", str(tmp_path / "no-model"), "--peft", "none"])
+    message = str(info.value.code)
+    assert message.startswith("trl-otb fidelity: Could not load the model") and "\n" not in message
+    assert "`--model embedded`" in message and "--model_name_or_path" not in message
+
+
+def test_the_json_keeps_the_paths_that_finished_when_a_later_one_fails(tiny_model_dir, tmp_path, monkeypatch):
+    from trl_otb.cli import main
+    from trl_otb.fidelity import cli
+
+    def lora_breaks(model, tokenizer, prompts, *, peft, **kwargs):
+        if peft == "lora":
+            raise RuntimeError("out of memory")
+        return run_fidelity_check(model, tokenizer, prompts, peft=peft, **kwargs)
+
+    monkeypatch.setattr(cli, "run_fidelity_check", lora_breaks)
+    out = tmp_path / "fidelity.json"
+    argv = ["fidelity", "--model", tiny_model_dir, "--peft", "all", "--num-prompts", "1", "--num-samples", "2"]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main([*argv, "--max-new-tokens", "4", "--output-json", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["paths"]) == {"full"} and data["failed"] == "lora"
+
+
 # --------------------------------------------------------------------------- QLoRA and PEFT paths
 
 

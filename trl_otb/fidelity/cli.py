@@ -6,6 +6,7 @@ matplotlib, an optional extra (``pip install 'trl-otb[plots]'``): it is imported
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -117,56 +118,86 @@ def add_subcommand(subparsers) -> None:
 
 
 def _fidelity_command(args) -> int:
-    from ..models import load_model_and_tokenizer
-
+    """Every path of ``--peft``; the JSON holds the paths that finished, even when a later one fails."""
     if not 1 <= args.num_prompts <= len(DEFAULT_PROMPTS):
         raise SystemExit(f"--num-prompts must be between 1 and {len(DEFAULT_PROMPTS)}, got {args.num_prompts}.")
-    if args.plot:
-        try:  # before the minutes of measuring, not after
-            _pyplot()
-        except ImportError as err:
-            raise SystemExit(str(err)) from None
+    paths = PEFT_PATHS if args.peft == "all" else (args.peft,)
+    _check_extras(paths, plot=bool(args.plot))  # before the minutes of measuring, not after
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    reports = {}
-    for peft in PEFT_PATHS if args.peft == "all" else (args.peft,):
-        model, tokenizer = load_model_and_tokenizer(
-            args.model,
-            dtype=torch.float32,
-            quantization="4bit" if peft == "qlora" else None,
-            device_map=device,
-        )
-        report = run_fidelity_check(
-            model,
-            tokenizer,
-            DEFAULT_PROMPTS[: args.num_prompts],
-            num_samples=args.num_samples,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            peft=peft,
-            seed=args.seed,
-            lora_r=args.lora_r,
-            lora_alpha=2 * args.lora_r,
-        )
-        reports[report.path] = report
-        print(
-            f"[fidelity] {report.path}: {report.num_tokens} tokens in {report.seconds:.0f} s, "
-            f"token_spearman={report.token_spearman:.3f}",
-            file=sys.stderr,
-            flush=True,
-        )
-        del model
+    reports, failed = {}, None
+    try:
+        for peft in paths:
+            failed = peft
+            report = _measure(args, peft, device)
+            reports[report.path] = report
+            failed = None
+    finally:
+        if args.output_json and (reports or failed is None):
+            _write_json(args, reports, device, failed)
     print(format_table(reports))
-    if args.output_json:
-        settings = {k: getattr(args, k) for k in ("num_prompts", "num_samples", "max_new_tokens", "temperature")}
-        settings.update(seed=args.seed, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, device=device)
-        payload = {
-            "model": args.model or "embedded",
-            "settings": settings,
-            "paths": {path: report.to_dict() for path, report in reports.items()},
-        }
-        with open(args.output_json, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
     if args.plot:
         plot_reports(reports, args.plot)
     return 0
+
+
+def _check_extras(paths, *, plot: bool) -> None:
+    """A SystemExit naming the extra to install, for the first path (or the plot) that could not run."""
+    if "qlora" in paths and importlib.util.find_spec("bitsandbytes") is None:
+        others = " or ".join(f"--peft {p}" for p in PEFT_PATHS if p != "qlora")
+        raise SystemExit(
+            "trl-otb fidelity: the qlora path needs bitsandbytes, which is not installed. Install it with "
+            f"`pip install 'trl-otb[quantization]'`, or measure the other paths only ({others})."
+        )
+    if plot:
+        try:
+            _pyplot()
+        except ImportError as err:
+            raise SystemExit(str(err)) from None
+
+
+def _measure(args, peft: str, device: str) -> FidelityReport:
+    from ..models import EmbeddedModelUnavailableError, ModelNotAvailableError, load_model_and_tokenizer
+
+    try:
+        model, tokenizer = load_model_and_tokenizer(
+            args.model, dtype=torch.float32, quantization="4bit" if peft == "qlora" else None, device_map=device
+        )
+    except (ModelNotAvailableError, EmbeddedModelUnavailableError) as err:
+        # One line, in this command's words: its flag is --model.
+        message = " ".join(str(err).split()).replace("--model_name_or_path", "--model")
+        raise SystemExit(f"trl-otb fidelity: {message}") from None
+    report = run_fidelity_check(
+        model,
+        tokenizer,
+        DEFAULT_PROMPTS[: args.num_prompts],
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        peft=peft,
+        seed=args.seed,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+    )
+    print(
+        f"[fidelity] {report.path}: {report.num_tokens} tokens in {report.seconds:.0f} s, "
+        f"token_spearman={report.token_spearman:.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return report
+
+
+def _write_json(args, reports: dict[str, FidelityReport], device: str, failed: str | None) -> None:
+    """``--output-json``: the settings and every finished path; ``failed`` names the path that did not finish."""
+    settings = {k: getattr(args, k) for k in ("num_prompts", "num_samples", "max_new_tokens", "temperature")}
+    settings.update(seed=args.seed, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, device=device)
+    payload = {
+        "model": args.model or "embedded",
+        "settings": settings,
+        "paths": {path: report.to_dict() for path, report in reports.items()},
+    }
+    if failed is not None:
+        payload["failed"] = failed
+    with open(args.output_json, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
