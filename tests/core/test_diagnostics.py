@@ -10,7 +10,7 @@ import torch
 
 from trl_otb import otb_advantages, rloo_advantages
 from trl_otb.core import otb_diagnostics
-from trl_otb.core.diagnostics import ADVANTAGE_KEYS, PROXY_KEYS
+from trl_otb.core.diagnostics import ADVANTAGE_KEYS, BASELINE_TOLERANCE, PROXY_KEYS
 
 
 def reference(rewards, adv, proxy, mask, group_ids):
@@ -19,11 +19,16 @@ def reference(rewards, adv, proxy, mask, group_ids):
     w = [float(proxy[i, t]) for i, t in tokens]
     a = [float(adv[i, t]) for i, t in tokens]
     energy = {i: sum(float(proxy[i, t]) for t in range(mask.shape[1]) if mask[i, t]) for i in rows}
-    group_mean = {}
+    group_mean, tolerance = {}, {}
     for i in rows:
-        members = [j for j in rows if group_ids[j] == group_ids[i]]
-        group_mean[i] = sum(float(rewards[j]) for j in members) / len(members)
-    differs = [abs(float(rewards[i]) - float(adv[i, t]) - group_mean[i]) > 1e-6 for i, t in tokens]
+        members = [float(rewards[j]) for j in rows if group_ids[j] == group_ids[i]]
+        group_mean[i] = sum(members) / len(members)
+        spread = math.sqrt(sum((r - group_mean[i]) ** 2 for r in members) / len(members))
+        tolerance[i] = BASELINE_TOLERANCE * spread + 1e-6 * (1 + abs(group_mean[i]))
+    distance = {(i, t): abs(float(rewards[i]) - float(adv[i, t]) - group_mean[i]) for i, t in tokens}
+    differs = [distance[i, t] > tolerance[i] for i, t in tokens]
+    spread = {i: (tolerance[i] - 1e-6 * (1 + abs(group_mean[i]))) / BASELINE_TOLERANCE for i in rows}
+    shift = [distance[i, t] / spread[i] if spread[i] > 1e-9 else 0.0 for i, t in tokens]
     lone = [not any(mask[j, t] for j in rows if j != i and group_ids[j] == group_ids[i]) for i, t in tokens]
     mean = sum(a) / len(a)
     a_bar = {i: sum(float(adv[i, t]) for t in range(mask.shape[1]) if mask[i, t]) / int(mask[i].sum()) for i in rows}
@@ -33,6 +38,7 @@ def reference(rewards, adv, proxy, mask, group_ids):
         "energy_last_mean": sum(energy.values()) / len(rows),
         "energy_last_max": max(energy.values()),
         "baseline_differs_frac": sum(differs) / len(tokens),
+        "baseline_shift": sum(shift) / len(tokens),
         "lone_token_frac": sum(lone) / len(tokens),
         "advantage_mean": mean,
         "advantage_std": math.sqrt(sum((x - mean) ** 2 for x in a) / len(a)),
@@ -105,3 +111,20 @@ def test_lone_token_frac_counts_tokens_no_other_member_reaches():
     assert otb_diagnostics(rewards, torch.zeros(2, 3), None, shifted, torch.tensor([0, 0]), align="valid")[
         "lone_token_frac"
     ] == pytest.approx(0.0)
+
+
+def test_baseline_differs_frac_ignores_a_negligible_shift_and_counts_real_reweighting():
+    """Without a tied group, OTB whose baseline is the group mean but for 1e-5 of the reward spread reads 0 (a 1e-6
+    absolute tolerance read 1.0, any float difference counting); weights that move the baseline read above 0, and
+    baseline_shift says by how much, in units of the reward spread."""
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.tensor([0.1, 0.7, 1.3, 2.9, 5.0, 5.5, 9.0, 12.0])  # no ties
+    mask, group_ids = torch.ones(8, 6), torch.arange(8) // 4
+    nearly_uniform = 1 + 1e-4 * torch.rand(8, 6, generator=g)
+    adv = otb_advantages(rewards, nearly_uniform, mask, group_ids)
+    assert (rewards[:, None] - adv - rewards.view(2, 4).mean(1).repeat_interleave(4)[:, None]).abs().min() > 1e-6
+    got = otb_diagnostics(rewards, adv, nearly_uniform, mask, group_ids)
+    assert got["baseline_differs_frac"] == 0.0 and got["baseline_shift"] < 1e-4
+    proxy = 0.1 + 2 * torch.rand(8, 6, generator=g)
+    got = otb_diagnostics(rewards, otb_advantages(rewards, proxy, mask, group_ids), proxy, mask, group_ids)
+    assert got["baseline_differs_frac"] > 0.5 and 0.01 < got["baseline_shift"] < 2

@@ -11,10 +11,21 @@ import torch
 
 from .groups import group_index, group_sum, valid_rows
 
-__all__ = ["ADVANTAGE_KEYS", "PROXY_KEYS", "otb_diagnostics"]
+__all__ = ["ADVANTAGE_KEYS", "BASELINE_TOLERANCE", "PROXY_KEYS", "otb_diagnostics"]
+
+BASELINE_TOLERANCE = 0.01
+"""``baseline_differs_frac`` counts a baseline as different from the group mean beyond this share of the group's
+reward spread (its standard deviation): closer than that, the advantages are GRPO's up to a rounding."""
 
 # Always present.
-ADVANTAGE_KEYS = ("baseline_differs_frac", "lone_token_frac", "advantage_mean", "advantage_std", "advantage_abs_max")
+ADVANTAGE_KEYS = (
+    "baseline_differs_frac",
+    "baseline_shift",
+    "lone_token_frac",
+    "advantage_mean",
+    "advantage_std",
+    "advantage_abs_max",
+)
 # Present only when the estimator read a proxy (``proxy`` is not None).
 PROXY_KEYS = ("proxy_mean", "proxy_max", "energy_last_mean", "energy_last_max", "total_power")
 _ORDER = (*PROXY_KEYS[:4], *ADVANTAGE_KEYS, "total_power")  # the order they are logged in
@@ -39,9 +50,13 @@ def otb_diagnostics(
             decides which tokens are alone.
 
     Returns a dict of floats. Always (:data:`ADVANTAGE_KEYS`):
-        ``baseline_differs_frac``: share of valid tokens whose implied baseline ``B_t = R - A_t`` differs from the
-        group's mean reward by more than 1e-6. It is 0 for unscaled GRPO (``scale="none"``). With std scaling,
-        ``A`` is not ``R - mean``, so the std-scaled ``grpo`` arm reads above 0.
+        ``baseline_differs_frac``: share of valid tokens whose implied baseline ``B_t = R - A_t`` lies further from
+        the group's mean reward than :data:`BASELINE_TOLERANCE` times the group's reward standard deviation (plus
+        1e-6 relative, for rounding): where OTB's advantages differ from unscaled GRPO's by more than rounding. It
+        is 0 for unscaled GRPO (``scale="none"``) and for a tied group. With std scaling, ``A`` is not ``R - mean``,
+        so the std-scaled ``grpo`` arm reads above 0.
+        ``baseline_shift``: mean over valid tokens of ``|B_t - group mean| / group reward std`` (0 in a tied
+        group): how far, in units of the reward spread, the baseline moved from GRPO's. 0 for unscaled GRPO.
         ``lone_token_frac``: share of valid tokens at an aligned position that no other valid member of the group
         reaches: where OTB's ``tail`` rule sets the baseline (the group cannot estimate one there).
         ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
@@ -67,9 +82,16 @@ def otb_diagnostics(
     vf = valid.to(torch.float32)
     n_valid = vf.sum()
     gid, G = group_index(group_ids)
-    group_mean = (group_sum(R, gid, G) / group_sum(vf, gid, G).clamp(min=1))[gid]
+    members = group_sum(vf, gid, G).clamp(min=1)
+    group_mean = (group_sum(R, gid, G) / members)[gid]
+    spread = (group_sum((R - group_mean).pow(2) * vf, gid, G) / members).sqrt()[gid]
+    tolerance = BASELINE_TOLERANCE * spread + 1e-6 * (1 + group_mean.abs())
     baseline = R[:, None] - A
-    differs = ((baseline - group_mean[:, None]).abs() > 1e-6) & m
+    distance = (baseline - group_mean[:, None]).abs()
+    differs = (distance > tolerance[:, None]) & m
+    relative = torch.where(
+        spread[:, None] > 0, distance / spread.clamp(min=torch.finfo(spread.dtype).tiny)[:, None], 0.0
+    )
     a_mean = A.sum() / n_tokens
     aligned = m
     if align == "valid":  # the k-th masked-in token of every member shares aligned position k
@@ -77,6 +99,7 @@ def otb_diagnostics(
     active = group_sum(aligned.to(torch.float32), gid, G)[gid]
     stats = {
         "baseline_differs_frac": differs.sum() / n_tokens,
+        "baseline_shift": (relative * mf).sum() / n_tokens,
         "lone_token_frac": (aligned & (active == 1)).sum() / n_tokens,
         "advantage_mean": a_mean,
         "advantage_std": (((A - a_mean) * mf).pow(2).sum() / n_tokens).sqrt(),
