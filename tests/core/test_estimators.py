@@ -41,7 +41,10 @@ OPTION_VALUES = {
     "align": "valid",
     "leave_one_out": True,
     "scale": "group",
+    "shrinkage": "ess",
 }
+# The options an option needs beside it (OTB refuses shrinkage="ess" without them); the comparison keeps them.
+OPTION_NEEDS = {"shrinkage": {"leave_one_out": True, "tail": "others_mean"}}
 INPUTS = dict(
     rewards=torch.tensor([1.0, 0.0, 2.0, 0.5]),
     proxy=torch.tensor([[0.5, 1.0, 0.2], [1.0, 1.0, 1.0], [2.0, 0.1, 0.3], [0.7, 0.4, 1.1]]),
@@ -68,7 +71,7 @@ def test_registered_names_are_the_keys_and_options_are_the_keyword_parameters():
 def test_declared_attributes():
     assert {n for n, e in ESTIMATORS.items() if e.uses_proxy} == {"otb", "ogb"}
     assert {n for n, e in ESTIMATORS.items() if e.token_level} == {"otb"}
-    assert ESTIMATORS["otb"].options == {"eps", "tail", "is_weights", "align", "leave_one_out"}
+    assert ESTIMATORS["otb"].options == {"eps", "tail", "is_weights", "align", "leave_one_out", "shrinkage"}
     assert ESTIMATORS["grpo"].options == {"scale"} and ESTIMATORS["ogb"].options == {"eps", "is_weights"}
     assert ESTIMATORS["rloo"].options == ESTIMATORS["opo"].options == frozenset()
 
@@ -103,9 +106,11 @@ def test_each_estimator_accepts_exactly_its_declared_options(name, chosen):
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_each_declared_option_reaches_the_estimator(name):
     """Every declared option changes the result: it is passed on, not dropped."""
-    plain = compute_advantages(name, **INPUTS)
     for option in ESTIMATORS[name].options:
-        assert not torch.allclose(compute_advantages(name, **INPUTS, **{option: OPTION_VALUES[option]}), plain), option
+        needs = OPTION_NEEDS.get(option, {})
+        plain = compute_advantages(name, **INPUTS, **needs)
+        changed = compute_advantages(name, **INPUTS, **needs, **{option: OPTION_VALUES[option]})
+        assert not torch.allclose(changed, plain), option
 
 
 @SETTINGS

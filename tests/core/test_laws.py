@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_otb import ESTIMATORS, compute_advantages
-from trl_otb.core import ALIGNS, GRPO_SCALES, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, TAILS
+from trl_otb.core import ALIGNS, GRPO_SCALES, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, SHRINKAGES, TAILS
 
 from .tensor_helpers import draw_mask_row
 
@@ -30,8 +30,15 @@ NAN = float("nan")
 LAWS = settings(deadline=None, max_examples=25, derandomize=True)
 
 
+def valid_options(options):
+    """False for the combinations OTB refuses: ``shrinkage="ess"`` needs leave-one-out with ``tail="others_mean"``."""
+    if options.get("shrinkage", "none") == "none":
+        return True
+    return options["leave_one_out"] and options["tail"] == "others_mean"
+
+
 def configurations():
-    """(estimator, options) for every registered estimator and every combination of its discrete options."""
+    """(estimator, options) for every registered estimator and every valid combination of its discrete options."""
     out = []
     for name, estimator in ESTIMATORS.items():
         choices = {
@@ -39,10 +46,12 @@ def configurations():
             "leave_one_out": (False, True),
             "align": ALIGNS,
             "scale": GRPO_SCALES,
+            "shrinkage": SHRINKAGES,
         }
         keys = [k for k in choices if k in estimator.options]
         for values in itertools.product(*(choices[k] for k in keys)):
-            out.append((name, dict(zip(keys, values))))
+            if valid_options(options := dict(zip(keys, values))):
+                out.append((name, options))
     return out
 
 

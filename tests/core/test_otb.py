@@ -482,6 +482,8 @@ def test_bad_inputs_raise_a_clear_value_error(field, value, match):
         ("tail", "carry", "tail"),
         ("align", "turns", "align"),
         ("eps", -1e-8, "eps"),
+        ("shrinkage", "kish", "shrinkage"),
+        ("shrinkage", "ess", "leave_one_out=True and tail='others_mean'"),
         ("is_weights", torch.ones(2), "is_weights"),
         ("is_weights", torch.ones(2, 2), "is_weights"),
         ("is_weights", torch.ones(3, 3), "is_weights"),
@@ -509,12 +511,16 @@ def test_bad_proxy_outside_the_mask_is_ignored():
 # ----------------------------------------------------------------------------------------------
 
 
-# Every combination of OTB's options, drawn by the property tests below.
-OTB_OPTIONS = dict(
-    tail=st.sampled_from(TAILS),
-    align=st.sampled_from(["position", "valid"]),
-    leave_one_out=st.booleans(),
-)
+# Every valid combination of OTB's options, drawn by the property tests below (shrinkage="ess" needs leave-one-out
+# with tail="others_mean"; it is drawn as often as each tail, so that its rules get as many examples).
+_COMBINATIONS = [
+    dict(tail=tail, align=align, leave_one_out=loo, shrinkage="none")
+    for tail in TAILS
+    for align in ("position", "valid")
+    for loo in (False, True)
+]
+_ESS = [dict(tail="others_mean", align=align, leave_one_out=True, shrinkage="ess") for align in ("position", "valid")]
+OTB_OPTIONS = dict(options=st.sampled_from(_COMBINATIONS + _ESS * 2))
 
 
 @SETTINGS
@@ -523,8 +529,8 @@ OTB_OPTIONS = dict(
     **OTB_OPTIONS,
     eps=st.sampled_from([1e-8, 1e-3, 0.5]),
 )
-def test_otb_matches_loop_reference_fp64(x, tail, align, leave_one_out, eps):
-    options = dict(tail=tail, align=align, leave_one_out=leave_one_out, eps=eps)
+def test_otb_matches_loop_reference_fp64(x, options, eps):
+    options = dict(options, eps=eps)
     adv = call_otb(x, **options)
     expected, _ = reference_otb(**x, **options)
     assert adv.dtype == torch.float64
@@ -537,8 +543,7 @@ def test_otb_matches_loop_reference_fp64(x, tail, align, leave_one_out, eps):
     x=otb_inputs(),
     **OTB_OPTIONS,
 )
-def test_otb_matches_loop_reference_fp32(x, tail, align, leave_one_out):
-    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+def test_otb_matches_loop_reference_fp32(x, options):
     adv = call_otb(x, dtype=torch.float32, **options)
     expected, _ = reference_otb(**x, **options)
     assert adv.dtype == torch.float32
@@ -609,8 +614,7 @@ def test_equal_weights_and_lengths_give_the_group_mean(sizes, L, w, data):
     extra=st.integers(1, 4),
     **OTB_OPTIONS,
 )
-def test_extra_right_padding_changes_nothing(x, extra, tail, align, leave_one_out):
-    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+def test_extra_right_padding_changes_nothing(x, extra, options):
     tensors = as_tensors(x)
     adv = otb_advantages(**tensors, **options)
     B = tensors["proxy"].shape[0]
@@ -630,8 +634,7 @@ def test_extra_right_padding_changes_nothing(x, extra, tail, align, leave_one_ou
     data=st.data(),
     **OTB_OPTIONS,
 )
-def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, tail, align, leave_one_out):
-    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, options):
     tensors = as_tensors(x)
     B = len(x["rewards"])
     perm = torch.tensor(data.draw(st.permutations(range(B))), dtype=torch.long)
@@ -647,15 +650,14 @@ def test_permuting_rows_with_their_group_ids_permutes_advantages(x, data, tail, 
     c=st.floats(-10, 10),
     **OTB_OPTIONS,
 )
-def test_shift_invariance_except_where_baseline_is_forced_to_zero(x, c, tail, align, leave_one_out):
-    options = dict(tail=tail, align=align, leave_one_out=leave_one_out)
+def test_shift_invariance_except_where_baseline_is_forced_to_zero(x, c, options):
     adv = call_otb(x, **options)
     shifted = dict(x, rewards=[r + c for r in x["rewards"]])
     adv_shifted = call_otb(shifted, **options)
     _, forced = reference_otb(**x, **options)
     valid = torch.tensor([math.isfinite(r) and any(m) for r, m in zip(x["rewards"], x["mask"])])
     active = torch.tensor(x["mask"], dtype=torch.bool) & valid[:, None]
-    forced = torch.tensor(forced, dtype=torch.bool) & (tail not in SHIFT_INVARIANT_TAILS)
+    forced = torch.tensor(forced, dtype=torch.bool) & (options["tail"] not in SHIFT_INVARIANT_TAILS)
     # A(R + c) - A(R) = c where the baseline is forced to 0, c*eps/(W + eps) ~ 0 elsewhere, 0 off the mask; the
     # shift-invariant tails' fallbacks are shift-equivariant, so there A does not move (tests/core/test_laws.py).
     expected = torch.where(forced & active, c, 0.0).to(torch.float64)
@@ -744,3 +746,72 @@ def test_advantages_only_path_equals_terms_path(align, loo):
     a = otb_advantages(rewards, proxy, mask, group_ids, **kw)
     b = otb_terms(rewards, proxy, mask, group_ids, **kw).advantages
     assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# The others' mean at lone positions, and the ESS-shrunk leave-one-out baseline
+# ----------------------------------------------------------------------------------------------
+
+# Group of 3, rewards [1, 0, 0.5]: row 0 is 3 tokens long (alone at t = 1, 2), rows 1 and 2 are 1 token.
+OTHERS = dict(
+    rewards=t64([1.0, 0.0, 0.5]),
+    mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]]),
+    group_ids=ids([0, 0, 0]),
+)
+
+
+def test_others_mean_gives_a_lone_position_the_other_members_plain_mean():
+    proxy = torch.ones(3, 3, dtype=torch.float64)
+    loo = otb_advantages(**OTHERS, proxy=proxy, eps=0.0, tail="others_mean", leave_one_out=True)
+    # t = 0: B^(-i) is the others' mean (equal energies); t = 1, 2: row 0 alone, the others' mean (0 + 0.5) / 2.
+    assert_close(loo, [[0.75, 0.75, 0.75], [-0.75, 0, 0], [0, 0, 0]], atol=1e-12)
+    pooled = otb_advantages(**OTHERS, proxy=proxy, eps=0.0, tail="others_mean")
+    # Self-inclusive: t = 0 against the group's mean 0.5; the lone tail still against the others' mean 0.25.
+    assert_close(pooled, [[0.5, 0.75, 0.75], [-0.5, 0, 0], [0, 0, 0]], atol=1e-12)
+
+
+def test_ess_shrinkage_by_hand():
+    proxy = t64([[1.0, 1.0, 1.0], [3.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    adv = otb_advantages(**OTHERS, proxy=proxy, eps=0.0, tail="others_mean", leave_one_out=True, shrinkage="ess")
+    # Row 0, t = 0: the others' W = (3, 1), B = 0.5 / 4 = 0.125, ESS = 4^2 / 10 = 1.6, their mean 0.25:
+    # b = (1.6 * 0.125 + 0.25) / 2.6. Row 1: equal W (1, 1), ESS = 2, B = mean = 0.75. Row 2: the others' W = (1, 3),
+    # B = 0.25, ESS = 1.6, their mean 0.5. Row 0's lone tail: the others' mean 0.25.
+    b0, b2 = (1.6 * 0.125 + 0.25) / 2.6, (1.6 * 0.25 + 0.5) / 2.6
+    assert_close(adv, [[1 - b0, 0.75, 0.75], [-0.75, 0, 0], [0.5 - b2, 0, 0]], atol=1e-12)
+
+
+def test_others_mean_singleton_group_gets_zero():
+    proxy = torch.ones(2, 3, dtype=torch.float64)
+    for options in ({}, {"leave_one_out": True}, {"leave_one_out": True, "shrinkage": "ess"}):
+        adv = otb_advantages(t64([2.0, NAN]), proxy, OTHERS["mask"][:2], ids([0, 0]), tail="others_mean", **options)
+        assert (adv == 0).all()
+
+
+@SETTINGS
+@given(x=otb_inputs(), align=st.sampled_from(["position", "valid"]))
+def test_others_mean_equals_group_mean_under_leave_one_out(x, align):
+    options = dict(align=align, leave_one_out=True)
+    assert_close(call_otb(x, tail="others_mean", **options), call_otb(x, tail="group_mean", **options), atol=0, rtol=0)
+
+
+ESS_SETTINGS = settings(deadline=None, max_examples=150, derandomize=True)
+
+
+@ESS_SETTINGS
+@given(x=otb_inputs(), align=st.sampled_from(["position", "valid"]), eps=st.sampled_from([1e-8, 1e-3, 0.5]))
+def test_ess_shrinkage_matches_the_loop_specification_fp64(x, align, eps):
+    options = dict(tail="others_mean", align=align, leave_one_out=True, shrinkage="ess", eps=eps)
+    expected, _ = reference_otb(**x, **options)
+    assert_close(call_otb(x, **options), expected, atol=1e-9 * reward_scale(x), rtol=1e-9)
+
+
+# ESS jumps where an energy is 0 (a member with W = 0 counts for nothing): energies that underflow in fp32 would
+# compare a different ESS, so the fp32 inputs keep w and rho away from 0 (the fp64 test draws them from 0).
+@ESS_SETTINGS
+@given(x=otb_inputs(proxy_min=0.05, min_rho=0.5), align=st.sampled_from(["position", "valid"]))
+def test_ess_shrinkage_matches_the_loop_specification_fp32(x, align):
+    options = dict(tail="others_mean", align=align, leave_one_out=True, shrinkage="ess")
+    expected, _ = reference_otb(**x, **options)
+    adv = call_otb(x, dtype=torch.float32, **options)
+    assert adv.dtype == torch.float32 and torch.isfinite(adv).all()
+    assert_close(adv, expected, atol=2e-5 * reward_scale(x), rtol=1e-4)

@@ -22,7 +22,16 @@ from .estimators import (
     register_estimator,
     rloo_advantages,
 )
-from .otb import ALIGNS, OFFSET_DEPENDENT_TAILS, SHIFT_INVARIANT_TAILS, TAILS, OTBTerms, otb_advantages, otb_terms
+from .otb import (
+    ALIGNS,
+    OFFSET_DEPENDENT_TAILS,
+    SHIFT_INVARIANT_TAILS,
+    SHRINKAGES,
+    TAILS,
+    OTBTerms,
+    otb_advantages,
+    otb_terms,
+)
 from .proxy import compute_dtype, logit_gradient_proxy, sum_pi_squared, uniform_proxy
 from .yardstick import yardstick, yardstick_from_products
 
@@ -32,6 +41,7 @@ __all__ = [
     "GRPO_SCALES",
     "OFFSET_DEPENDENT_TAILS",
     "SHIFT_INVARIANT_TAILS",
+    "SHRINKAGES",
     "TAILS",
     "Estimator",
     "InfiniteRewardWarning",

@@ -117,7 +117,10 @@ def compute_advantages(estimator: str, rewards, proxy, mask, group_ids, **option
 
 
 register_estimator(
-    "otb", options=("eps", "tail", "is_weights", "align", "leave_one_out"), uses_proxy=True, token_level=True
+    "otb",
+    options=("eps", "tail", "is_weights", "align", "leave_one_out", "shrinkage"),
+    uses_proxy=True,
+    token_level=True,
 )(otb_advantages)
 
 

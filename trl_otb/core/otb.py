@@ -36,6 +36,15 @@ active), ``tail`` chooses the baseline:
   W_j the member's total energy; under leave-one-out over the others), ``"last_baseline"`` (the last B~ formed while
   another member was active; A = 0 if there was none) or ``"zero_advantage"`` (A = 0). A group of one valid member
   gets A = 0 in each. Then A(R + c) = A(R), A(aR) = a A(R) for a > 0, up to rounding, and a tie gives A = 0 exactly.
+  ``"others_mean"``: the plain mean reward of the *other* valid members (RLOO's baseline), with or without
+  leave-one-out (under leave-one-out it equals ``"group_mean"``).
+
+Exactly unbiased: ``leave_one_out=True`` with any tail but ``"zero_advantage"`` forms member i's baseline from the
+other members only (whether a position is lone is decided by the others' activity), so E[s_t b_t] = 0.
+``"zero_advantage"`` is not: its lone baseline is the member's own R_i, at positions set by its own length.
+
+``shrinkage="ess"`` (leave-one-out with ``"others_mean"`` only) shrinks the others' energy-weighted baseline toward
+their plain mean by its Kish effective sample size, still a function of the others only (:mod:`.shrinkage`).
 
 The specification is :func:`trl_otb.core.spec.reference_otb`: the same contract as plain loops over groups and
 positions, the rules (singleton groups, the tail rule, leave-one-out, the fallbacks) written out one by one. This module computes
@@ -54,11 +63,13 @@ import torch
 from .checks import check_inputs, check_reward_range, raise_overflow
 from .groups import above_group_min, group_index, group_max, group_sum, left_compact, scatter_back, valid_rows
 from .proxy import compute_dtype
+from .shrinkage import ess_shrunk_baseline
 
 __all__ = [
     "ALIGNS",
     "OFFSET_DEPENDENT_TAILS",
     "SHIFT_INVARIANT_TAILS",
+    "SHRINKAGES",
     "TAILS",
     "OTBTerms",
     "otb_advantages",
@@ -69,11 +80,13 @@ __all__ = [
 OFFSET_DEPENDENT_TAILS = ("zero", "none")
 """The reference rule (``"zero"``, verl's) and the tail rule off (``"none"``), both kept bit for bit: a forced
 baseline of 0 makes A = R at those positions, so adding a constant to every reward changes the advantages there."""
-SHIFT_INVARIANT_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage")
+SHIFT_INVARIANT_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage", "others_mean")
 """Fallbacks that are themselves shift-equivariant: with them OTB's advantages do not move when a constant is added
 to every reward (see this module's docstring)."""
 TAILS = OFFSET_DEPENDENT_TAILS + SHIFT_INVARIANT_TAILS
 ALIGNS = ("position", "valid")
+SHRINKAGES = ("none", "ess")
+"""``leave_one_out``'s baseline as formed (``"none"``), or shrunk toward the others' mean by its ESS (``"ess"``)."""
 
 
 @dataclass
@@ -99,6 +112,7 @@ def otb_advantages(
     is_weights: torch.Tensor | None = None,
     align: str = "position",
     leave_one_out: bool = False,
+    shrinkage: str = "none",
 ) -> torch.Tensor:
     """Optimal Token Baseline advantages (the formula in this module's docstring).
 
@@ -113,7 +127,8 @@ def otb_advantages(
         tail: the baseline where a group cannot estimate one (one member alone at a position). The default,
             ``"zero_advantage"`` (``OTBConfig``'s), gives advantage 0 there. ``"group_mean"``,
             ``"sequence_baseline"``, ``"last_baseline"``: the other shift-invariant fallbacks on group-centred
-            rewards (this module's docstring); a group with one valid member gets advantage 0 under each.
+            rewards (this module's docstring); ``"others_mean"``: the other valid members' plain mean (RLOO's
+            baseline); a group with one valid member gets advantage 0 under each.
             ``"zero"`` is verl's reference rule, kept bit for bit: when one valid member is strictly the longest of
             its group, its baseline is 0 past the second-longest length (lengths count masked tokens).
             ``"none"``: keep the baseline as computed. Both are offset-dependent (A = R where B is forced to 0).
@@ -125,6 +140,8 @@ def otb_advantages(
             ``B_t^(-i) = sum_{j!=i} R_j W_t^(j) m_t^(j) / (sum_{j!=i} W_t^(j) m_t^(j) + eps)``;
             where no other member is active at t, the baseline is 0 (advantage R_i) with ``"zero"`` or ``"none"``
             (which then act alike), and the ``tail`` fallback (over the other members) with the others.
+        shrinkage: ``"ess"`` shrinks the leave-one-out baseline toward the others' plain mean by its effective
+            sample size (this module's docstring); needs ``leave_one_out=True`` and ``tail="others_mean"``.
 
     With ``"zero"`` or ``"none"`` a group with exactly one valid member gets baseline 0 (advantage R_i on its
     tokens); with the shift-invariant tails it gets advantage 0.
@@ -132,8 +149,11 @@ def otb_advantages(
     Returns:
         ``[B, T]`` advantages in fp32 (fp64 when ``proxy`` is fp64), finite for finite inputs.
     """
+    _check_shrinkage(shrinkage, tail, leave_one_out)
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
-    baseline = _baseline(p, eps, tail, leave_one_out)  # a new tensor, used once: the advantages may overwrite it
+    baseline = _baseline(
+        p, eps, tail, leave_one_out, shrinkage
+    )  # a new tensor, used once: the advantages may overwrite it
     return p.unalign(baseline.neg_().add_(p.rewards[:, None]).mul_(p.mask))
 
 
@@ -148,10 +168,12 @@ def otb_terms(
     is_weights=None,
     align="position",
     leave_one_out=False,
+    shrinkage="none",
 ) -> OTBTerms:
     """OTB advantages with the baseline and energy they came from. Arguments (and types) as :func:`otb_advantages`."""
+    _check_shrinkage(shrinkage, tail, leave_one_out)
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
-    baseline = _baseline(p, eps, tail, leave_one_out)
+    baseline = _baseline(p, eps, tail, leave_one_out, shrinkage)
     return OTBTerms(
         advantages=p.unalign((p.rewards[:, None] - baseline) * p.mask),
         baseline=p.unalign((baseline + p.center[:, None]) * p.mask),
@@ -176,6 +198,17 @@ class _Prepared:
     def unalign(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [B, T] back in the original token positions."""
         return x if self.index is None else scatter_back(x, self.index)
+
+
+def _check_shrinkage(shrinkage: str, tail: str, leave_one_out: bool) -> None:
+    if shrinkage not in SHRINKAGES:
+        raise ValueError(f"shrinkage must be one of {SHRINKAGES}, got {shrinkage!r}.")
+    if shrinkage != "none" and not (leave_one_out and tail == "others_mean"):
+        raise ValueError(
+            f"shrinkage={shrinkage!r} shrinks the leave-one-out baseline toward the other members' mean: it needs "
+            f"leave_one_out=True and tail='others_mean' (got leave_one_out={leave_one_out}, tail={tail!r}). Set "
+            "both, or shrinkage='none'."
+        )
 
 
 def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -> _Prepared:
@@ -242,10 +275,10 @@ def _safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den == 0, torch.ones_like(den), den)
 
 
-def _baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
+def _baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool, shrinkage: str) -> torch.Tensor:
     """B_t per row, ``[B, T]`` aligned (not yet masked); in centred coordinates with a shift-invariant tail."""
     if tail in SHIFT_INVARIANT_TAILS:
-        return _fallback_baseline(p, eps, tail, leave_one_out)
+        return _fallback_baseline(p, eps, tail, leave_one_out, shrinkage)
     if leave_one_out:
         return _leave_one_out_baseline(p, eps)
     baseline = _group_baseline(p, eps)
@@ -304,7 +337,7 @@ def _weighted_mean(p: _Prepared, eps: float, leave_one_out: bool) -> tuple[torch
     return _safe_divide(num, den + eps).to(p.energy.dtype), shared
 
 
-def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool) -> torch.Tensor:
+def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool, shrinkage: str) -> torch.Tensor:
     """B~_t on centred rewards, with the ``tail`` fallback wherever no other member is active (``[B, T]``).
 
     ``others`` counts, at each aligned position of row i, the group's other active members: the pooled baseline
@@ -313,12 +346,14 @@ def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool)
     baseline, shared = _weighted_mean(p, eps, leave_one_out)
     if tail == "zero_advantage":
         lone = R[:, None].expand_as(baseline)
-    elif tail == "group_mean":
+    elif tail == "group_mean" and not leave_one_out:
         lone = torch.zeros_like(baseline)
-        if leave_one_out:  # the other valid members' mean; a group of one valid member has none (R~ = 0 there)
-            n_others = group_sum(p.valid.to(R.dtype), gid, G)[gid] - p.valid.to(R.dtype)
-            rest = group_sum(R, gid, G)[gid] - R
-            lone = (rest / n_others.clamp(min=1))[:, None].expand_as(baseline)
+    elif tail in ("group_mean", "others_mean"):  # a group of one valid member has no other (R~ = 0 there: A = 0)
+        n_others = group_sum(p.valid.to(R.dtype), gid, G)[gid] - p.valid.to(R.dtype)
+        others_mean = (group_sum(R, gid, G)[gid] - R) / n_others.clamp(min=1)
+        lone = others_mean[:, None].expand_as(baseline)
+        if shrinkage == "ess":
+            baseline = ess_shrunk_baseline(baseline, lone, p.energy, gid, G)
     elif tail == "sequence_baseline":
         total = _total_energy(p).double() if leave_one_out else _total_energy(p)
         seq_num = group_sum(total * R.to(total.dtype), gid, G)[gid]

@@ -16,7 +16,8 @@ With ``tail="zero"`` or ``"none"`` (offset-dependent), three rules set B to 0 in
 member; ``tail="zero"``, for the one member that is strictly the longest, from the second-longest length on;
 ``leave_one_out=True``, where no other member is active (B then sums over the other active members only).
 
-With a shift-invariant tail (``group_mean``, ``sequence_baseline``, ``last_baseline``, ``zero_advantage``), each
+With a shift-invariant tail (``group_mean``, ``sequence_baseline``, ``last_baseline``, ``zero_advantage``,
+``others_mean``), each
 group's rewards are centred first, ``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
 replaces R everywhere above. Where member i is alone at c (no other member active: the pooled sum would hold i alone,
 the leave-one-out sum nothing), its baseline is the fallback:
@@ -26,7 +27,12 @@ the leave-one-out sum nothing), its baseline is the fallback:
   leave-one-out), W^(j) the member's total energy: OGB's sequence-level baseline;
 - ``last_baseline``: the baseline at member i's last earlier coordinate where another member was active; R~_i (so
   A = 0) if there is none;
-- ``zero_advantage``: R~_i, so A = 0.
+- ``zero_advantage``: R~_i, so A = 0;
+- ``others_mean``: the mean of the other valid members' R~ (with or without leave-one-out); 0 if there is none.
+
+With ``shrinkage="ess"`` (leave-one-out and ``others_mean`` only), where another member is active the baseline is
+``(ESS B + Rbar) / (ESS + 1)``: B the others' energy-weighted baseline above, Rbar the others' mean R~, and
+``ESS = (sum_j W^(j))^2 / sum_j W^(j)^2`` over the other active members j (0 when that sum of squares is 0).
 
 A row is valid when its reward is finite and its mask is not all 0; an invalid row gets advantage 0 and leaves its
 group. A ratio whose denominator is 0 is 0 (then no member carries energy, and its numerator is 0 too).
@@ -58,6 +64,7 @@ def reference_otb(
     is_weights=None,
     align="position",
     leave_one_out=False,
+    shrinkage="none",
 ):
     """OTB advantages by loops. Arguments as :func:`trl_otb.otb_advantages`, as nested Python lists (``rewards`` [B],
     ``proxy`` and ``mask`` [B][T], ``group_ids`` [B], ``is_weights`` [B][T] or [B][1] or None).
@@ -82,8 +89,8 @@ def reference_otb(
         energy.append(W)
     adv = [[0.0] * T for _ in range(B)]
     forced = [[False] * T for _ in range(B)]
-    if tail in ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage"):
-        _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, adv, forced)
+    if tail in ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage", "others_mean"):
+        _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, shrinkage, adv, forced)
         return adv, forced
     for g in set(group_ids):
         members = [i for i in range(B) if group_ids[i] == g and valid[i]]
@@ -116,7 +123,7 @@ def _ratio(num, den):
     return num / den if den != 0 else 0.0
 
 
-def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, adv, forced):
+def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, shrinkage, adv, forced):
     """The shift-invariant tails (module docstring), writing into ``adv`` and ``forced``."""
     for g in set(group_ids):
         members = [i for i in range(len(rewards)) if group_ids[i] == g and valid[i]]
@@ -128,6 +135,8 @@ def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_o
         R = {i: shifted[i] - mean for i in members}
         total = {i: energy[i][max(energy[i])] for i in members}  # W^(i) at its last coordinate
         for i in members:
+            others = [j for j in members if j != i]
+            others_mean = sum(R[j] for j in others) / len(others) if others else 0.0
             last = None  # member i's baseline at its last coordinate shared with another member
             for c in sorted(pos[i]):
                 active = [j for j in members if c in pos[j]]
@@ -135,10 +144,14 @@ def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_o
                 alone = len(active) == 1
                 if not alone:
                     b = _ratio(sum(R[j] * energy[j][c] for j in pool), sum(energy[j][c] for j in pool) + eps)
+                    if shrinkage == "ess":
+                        ess = _ratio(sum(energy[j][c] for j in pool) ** 2, sum(energy[j][c] ** 2 for j in pool))
+                        b = (ess * b + others_mean) / (ess + 1)
                     last = b
+                elif tail == "others_mean" or (tail == "group_mean" and leave_one_out):
+                    b = others_mean
                 elif tail == "group_mean":
-                    others = [j for j in members if j != i]
-                    b = sum(R[j] for j in others) / len(others) if leave_one_out and others else 0.0
+                    b = 0.0
                 elif tail == "sequence_baseline":
                     pool = [j for j in members if j != i] if leave_one_out else members
                     b = _ratio(sum(R[j] * total[j] for j in pool), sum(total[j] for j in pool) + eps)
