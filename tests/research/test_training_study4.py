@@ -129,3 +129,10 @@ def test_study4_quick_mode_tunes_every_task_runs_every_cell_and_resumes(tmp_path
     record = json.loads((tmp_path / "training_study4_quick" / "long" / "otb_default-s0.json").read_text())
     assert record["arm_spec"] == ARMS4["otb_default"]
     assert summary["meta"]["command"].startswith("python -m research.harness.training_study --study 4 --quick")
+
+
+def test_long_rights_target_is_the_one_study_2_recorded(tmp_path):
+    rates = json.loads(study4.STUDY2_RATES.read_text())
+    assert rates["targets"]["long_right"] is not None  # the precondition: study 2 recorded one
+    assert study4.base_cell("long_right", False, tmp_path)["target"] == rates["targets"]["long_right"]
+    assert study4.base_cell("long", False, tmp_path)["target"] == STUDY2["cells"]["long"]["target"]

@@ -25,6 +25,7 @@ from research.harness.training_study.summary2 import run_metrics2, summarise_cel
 
 STUDY4_FOLDER = "training_study4"
 TASK_CELL = STUDY4["tuning"]["tasks"]  # task -> its main cell
+STUDY2_RATES = Path(__file__).resolve().parents[2] / "training_study2" / "results" / LEARNING_RATES_FILE
 SERIES = [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2]  # the 1-2-5 series the grid extends along
 
 
@@ -40,10 +41,9 @@ def base_cell(cell: str, quick: bool, out: Path) -> dict:
     """Study 2's cell as study 4 runs it: the reward quantum, the evaluation samples, long_right's recorded target."""
     spec = dict((QUICK4 if quick else STUDY2)["cells"][cell], reward_quantum=STUDY2["training_reward"]["quantum"])
     spec["eval_samples"] = QUICK2["eval_samples"] if quick else STUDY2["eval_samples"]
-    if spec.get("target", 0) is None:
-        rates_file = Path(out) / LEARNING_RATES_FILE
-        targets = json.loads(rates_file.read_text())["targets"] if rates_file.exists() else {}
-        spec["target"] = targets.get(spec["task"])
+    if spec.get("target", 0) is None:  # long_right: the target study 2's rule recorded, from --out or its folder
+        found = [p for p in (Path(out) / LEARNING_RATES_FILE, STUDY2_RATES) if p.exists()]
+        spec["target"] = json.loads(found[0].read_text())["targets"].get(spec["task"]) if found else None
     return spec
 
 
