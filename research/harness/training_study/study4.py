@@ -250,7 +250,7 @@ def main4(args) -> dict:
     while not args.summary:  # --tune repeats while the grid extends past an edge
         planned = []
 
-        def make_jobs():
+        def make_jobs(planned=planned):
             tuning, rates = summarise_tuning(args.out, args.quick)
             planned[:] = jobs_to_run4(args, rates, tuning)
             return planned
