@@ -40,8 +40,6 @@ __all__ = [
 REWARD_LIMIT = 1e32
 """The largest |reward| OTB's estimators take in fp32 (``R * W`` summed over a group stays finite below it)."""
 
-MUST_RETURN = "must return a list of floats (or None for a completion it cannot score), one per completion"
-
 
 class NaNRewardWarning(UserWarning):
     """A reward function returned NaN: the completion is treated as unscorable. NaN is almost always a bug in the
@@ -117,40 +115,53 @@ def reward_values(output, name: str, n: int) -> list:
     ``ValueError`` that names ``name`` and says what to return.
     """
     if output is None:
-        _refuse(TypeError, name, n, "None", "Did it forget a `return`?")
+        raise TypeError(
+            f"Reward function {name!r} returned None. A reward function must return a list of floats (or None for a "
+            f"completion it cannot score), one per completion ({n} here). Did it forget a `return`?"
+        )
     if isinstance(output, str | bytes):
-        _refuse(
-            TypeError, name, n, f"a string ({_short(output)}), not a list", "E.g. [score(c) for c in completions]."
+        raise TypeError(
+            f"Reward function {name!r} returned a string ({_short(output)}), not a list. A reward function must "
+            f"return a list of floats (or None for a completion it cannot score), one per completion ({n} here), "
+            "e.g. [score(c) for c in completions]."
         )
     if _is_number(output) and not (isinstance(output, torch.Tensor) and output.ndim):
-        _refuse(TypeError, name, n, f"one number ({_short(output)}) for the whole batch", "E.g. [score(c) for c in "
-                "completions].")  # fmt: skip
+        raise TypeError(
+            f"Reward function {name!r} returned one number ({_short(output)}) for the whole batch. A reward function "
+            f"must return a list of floats (or None for a completion it cannot score), one per completion ({n} here), "
+            "e.g. [score(c) for c in completions]."
+        )
     if isinstance(output, torch.Tensor) or _is_numpy(output):
         shape = tuple(output.shape)
-        one_per_row = (
-            shape[:1] == (n,) and math.prod(shape) == n and (isinstance(output, torch.Tensor) or len(shape) == 1)
-        )
-        if not one_per_row:
-            _refuse(TypeError, name, n, f"a {type(output).__name__} of shape {shape}",
-                    f"A 1-D tensor or array of {n} values is read too, and a tensor of shape ({n}, 1).")  # fmt: skip
+        # TRL reads a tensor row by row (a one-element row is a number); a NumPy row must be a scalar.
+        if not (shape[:1] == (n,) and math.prod(shape) == n and (isinstance(output, torch.Tensor) or len(shape) == 1)):
+            raise TypeError(
+                f"Reward function {name!r} returned a {type(output).__name__} of shape {shape}. A reward function "
+                f"must return a list of floats (or None for a completion it cannot score), one per completion ({n} "
+                f"here): a list, a 1-D tensor or array of {n} values, or a tensor of shape ({n}, 1)."
+            )
     elif isinstance(output, Mapping | Set) or not isinstance(output, Iterable):
-        _refuse(TypeError, name, n, f"a {type(output).__name__}", "In the order of `completions`.")
+        raise TypeError(
+            f"Reward function {name!r} returned a {type(output).__name__}. A reward function must return a list of "
+            f"floats (or None for a completion it cannot score), one per completion ({n} here), in the order of "
+            "`completions`."
+        )
     values = list(output)
     if len(values) != n:
         raise ValueError(
-            f"Reward function {name!r} returned {len(values)} values for {n} completions. A reward function "
-            f"{MUST_RETURN}, in the order of `completions`."
+            f"Reward function {name!r} returned {len(values)} values for {n} completions. A reward function must "
+            "return a list of floats (or None for a completion it cannot score), one per completion, in the order of "
+            "`completions`."
         )
     for i, value in enumerate(values):
         if value is not None and not _is_number(value):
-            _refuse(TypeError, name, n, f"a list whose item {i} is a {type(value).__name__} ({_short(value)}), not a "
-                    "number", "For several scores per completion, pass one reward function per score "
-                    "(reward_funcs=[...], weighted by reward_weights).")  # fmt: skip
+            raise TypeError(
+                f"Reward function {name!r} returned a list whose item {i} is a {type(value).__name__} "
+                f"({_short(value)}), not a number. A reward function must return a list of floats (or None for a "
+                f"completion it cannot score), one number per completion ({n} here). For several scores per "
+                "completion, pass one reward function per score (reward_funcs=[...], weighted by reward_weights)."
+            )
     return values
-
-
-def _refuse(error: type[Exception], name: str, n: int, returned: str, advice: str):
-    raise error(f"Reward function {name!r} returned {returned}. A reward function {MUST_RETURN} ({n} here). {advice}")
 
 
 # --- values TRL reads but that would spoil a step: NaN, +-inf, overflow ---------------------------------------------
