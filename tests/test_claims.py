@@ -83,6 +83,7 @@ def test_the_functions_defaults_equal_otbconfigs_defaults(fn):
     config = OTBConfig(**CPU)
     defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
     wanted = {"eps": config.otb_epsilon, "tail": config.otb_tail, "leave_one_out": config.otb_leave_one_out}
+    wanted["shrinkage"] = config.otb_shrinkage
     wanted["align"] = config.otb_align or "position"  # None resolves to "position" without a tool mask
     shared = set(defaults) & set(wanted)
     assert shared >= {"eps"}
@@ -96,6 +97,7 @@ def test_estimator_options_are_the_functions_keyword_arguments_by_name():
         "tail": "group_mean",
         "align": "position",
         "leave_one_out": True,
+        "shrinkage": "none",
     }
     assert config.estimator_options(align="valid")["align"] == "valid"
     assert OTBConfig(**CPU, advantage_estimator="ogb").estimator_options() == {"eps": 1e-8}

@@ -11,7 +11,7 @@ from typing import Literal, get_origin
 
 from trl import GRPOConfig
 
-from .core import ALIGNS, ESTIMATORS, TAILS
+from .core import ALIGNS, ESTIMATORS, SHRINKAGES, TAILS
 
 # The per-token weights training can use (trl_otb.fidelity compares more candidates, offline).
 TRAINING_PROXIES = ("logit", "uniform")
@@ -50,6 +50,8 @@ class OTBConfig(GRPOConfig):
             Compare members at the same index (`"position"`) or k-th model token (`"valid"`); `None` picks by tool mask.
         otb_leave_one_out (`bool`, *optional*, defaults to `False`):
             Each member's baseline uses only the other members of its group.
+        otb_shrinkage (`str`, *optional*, defaults to `"none"`):
+            `"ess"` shrinks the leave-one-out baseline toward the others' mean by its effective sample size.
         otb_fidelity_check_steps (`int`, *optional*, defaults to `0`):
             Every this many optimizer steps, check the proxy against exact per-token gradient norms; 0 turns it off.
         otb_fidelity_rows (`int`, *optional*, defaults to `2`):
@@ -99,6 +101,13 @@ class OTBConfig(GRPOConfig):
         metadata={
             "help": "Each member's baseline uses only the other members of its group. "
             "See docs/options.md#otb_leave_one_out."
+        },
+    )
+    otb_shrinkage: str = field(
+        default="none",
+        metadata={
+            "help": "'ess' shrinks the leave-one-out baseline toward the others' mean by its effective sample size "
+            "(needs otb_leave_one_out=True, otb_tail='others_mean'). See docs/options.md#otb_shrinkage."
         },
     )
     otb_fidelity_check_steps: int = field(
@@ -163,6 +172,7 @@ class OTBConfig(GRPOConfig):
             "tail": ("otb_tail", self.otb_tail),
             "align": ("otb_align", self.otb_align),
             "leave_one_out": ("otb_leave_one_out", self.otb_leave_one_out),
+            "shrinkage": ("otb_shrinkage", self.otb_shrinkage),
         }
 
     def _fields_taken_text(self) -> str:
@@ -180,6 +190,14 @@ class OTBConfig(GRPOConfig):
             _fail(f"unknown otb_tail={self.otb_tail!r}; choose one of {list(TAILS)}.")
         if self.otb_align is not None and self.otb_align not in ALIGNS:
             _fail(f"unknown otb_align={self.otb_align!r}; choose one of {list(ALIGNS)} or None (automatic).")
+        if self.otb_shrinkage not in SHRINKAGES:
+            _fail(f"unknown otb_shrinkage={self.otb_shrinkage!r}; choose one of {list(SHRINKAGES)}.")
+        if self.otb_shrinkage != "none" and not (self.otb_leave_one_out and self.otb_tail == "others_mean"):
+            _fail(
+                f"otb_shrinkage={self.otb_shrinkage!r} shrinks the leave-one-out baseline toward the other members' "
+                f"mean, so it needs otb_leave_one_out=True and otb_tail='others_mean' (got otb_leave_one_out="
+                f"{self.otb_leave_one_out}, otb_tail={self.otb_tail!r}). Set both, or otb_shrinkage='none'."
+            )
         if not self.temperature > 0:
             _fail(
                 f"temperature={self.temperature!r}: training samples completions from softmax(z / temperature) and "
