@@ -128,3 +128,20 @@ def test_trls_default_checkpointing_is_not_warned_about_but_a_users_setting_and_
 
     monkeypatch.setattr(TrainingArguments, "__post_init__", warns_too)
     assert _future_warnings() == ["another deprecation"]
+
+
+def test_a_default_run_prints_no_checkpointing_deprecation_but_a_users_own_call_still_warns(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_otb import OTBTrainer
+    from trl_otb.testing import RecordingReward, prompts_dataset
+
+    args = OTBConfig(**{**CPU, "output_dir": str(tmp_path)}, num_generations=4, max_completion_length=6, max_steps=1)
+    assert args.gradient_checkpointing is True  # precondition: TRL's default, which TRL's code toggles every step
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        OTBTrainer(model, reward_funcs=RecordingReward(), args=args, train_dataset=prompts_dataset()).train()
+        assert not [w for w in caught if "gradient_checkpointing" in str(w.message)]
+        model.gradient_checkpointing_enable()  # the user's own call of the deprecated name
+    assert any("`gradient_checkpointing_enable` is deprecated" in str(w.message) for w in caught)

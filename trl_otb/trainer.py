@@ -39,6 +39,7 @@ from .config import OTBConfig
 from .core import ESTIMATORS, compute_advantages, logit_gradient_proxy, otb_diagnostics, uniform_proxy
 from .fidelity.training import TRAINER_KEYS, batch_fidelity, low_fidelity_message
 from .inputs import EmptyTrainingGuard, check_batch_prompts, check_datasets, warn_nonfinite_grad_norm
+from .quiet import quiet_checkpointing_aliases
 from .rewards import REWARD_LIMIT, checked_reward_funcs, local_nan_flags, screen_rewards
 from .rollout_stats import RolloutStatsCollector, collecting_while_generating, scores_are_raw_logits
 
@@ -98,7 +99,8 @@ class OTBTrainer(GRPOTrainer):
             )
         self._otb_prompts_required = kwargs.get("environment_factory") is None  # else an environment supplies them
         check_datasets(kwargs.get("train_dataset"), kwargs.get("eval_dataset"), args, self._otb_prompts_required)
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        with quiet_checkpointing_aliases():  # TRL's own calls of transformers' deprecated names
+            super().__init__(model, reward_funcs, args=args, **kwargs)
         if isinstance(self.train_dataset, IterableDataset):
             self.add_callback(EmptyTrainingGuard())
         # bitsandbytes repacks 4-bit CPU weights after an eval-mode no-grad forward (generation), and adapter
@@ -149,7 +151,7 @@ class OTBTrainer(GRPOTrainer):
         if self._otb_prompts_required:
             check_batch_prompts(inputs)
         mode = "train" if self.model.training else "eval"
-        with self._otb_capturing() as capture:
+        with self._otb_capturing() as capture, quiet_checkpointing_aliases():
             # TRL's method; the overrides below record into the capture whenever it calls them.
             batch = super()._generate_and_score_completions(inputs)
             proxy = self._otb_local_proxy(batch, capture)  # may run one more no-grad pass, into the capture
@@ -176,8 +178,7 @@ class OTBTrainer(GRPOTrainer):
     # --- _calculate_rewards checks the outputs and makes a completion with a NaN or +-inf reward unscorable ----
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's rewards ``[B_global, n_funcs]``, each function's output checked as TRL reads it (:mod:`.rewards`);
-        ``self.reward_funcs`` is TRL's own list again once this returns."""
+        """TRL's ``[B_global, n_funcs]``, outputs checked as TRL reads them; ``reward_funcs`` stays TRL's list."""
         trl_funcs, returned_nan = self.reward_funcs, {}
         self.reward_funcs = checked_reward_funcs(trl_funcs, self.reward_func_names, len(prompts), returned_nan)
         try:
