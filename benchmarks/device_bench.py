@@ -1,27 +1,37 @@
-"""GPU benchmarks on a real-shaped, randomly initialised model: trainer overhead and the fused head's sum pi^2 cost.
+"""GPU benchmarks on a real-shaped, randomly initialised model: trainer overhead, the fused head's sum pi^2 cost, and
+the conclusion the two (with the estimator speed) reach.
 
-    python -m benchmarks.device_bench overhead   --out DIR   # OTBTrainer vs GRPOTrainer, 1024 and 4096 tokens
+    python -m benchmarks.device_bench overhead   --out DIR   # OTBTrainer vs GRPOTrainer, whole steps, >= 5 pairs
     python -m benchmarks.device_bench fused-head --out DIR   # TRL's fused LM head with and without log_sum_sq_probs
+    python -m benchmarks.device_bench conclude   --out DIR   # device_conclusion.json from the parts' JSON files
     python -m benchmarks.device_bench overhead --dry-run     # CPU, tiny shape, tiny sizes: the same code path
 
-Both are run by ``benchmarks/device_run.sh`` (the prepared GPU run). No download: the model is built from a config
+All are run by ``benchmarks/device_run.sh`` (the prepared GPU run). No download: the model is built from a config
 with the shapes of Qwen2.5-0.5B (default; vocabulary 151936, so the LM head is a large share of the work) or
 SmolLM2-360M (``common.SHAPES``), random weights, and the byte-level tokenizer of the test suite (ids the tokenizer
 does not know decode to nothing; the reward, ``common.cheap_reward``, reads token ids, not text). A random model
 almost never samples EOS, so every completion runs to the length limit: a step generates exactly ``length`` tokens per
 completion.
 
-``overhead``: one process, every run a fresh model (same seed) and a fresh trainer. A short untimed run of each
-trainer first warms CUDA up; then for each pair and each length, GRPOTrainer and OTBTrainer run in alternating order
-(ABBA), lengths interleaved (pair 0 at every length, then pair 1, ...), so a drift of the machine hits all alike.
-Reported per run: the step time (wall, CUDA synchronised at step start and end) of each timed step, and the peak
-CUDA memory (``torch.cuda.max_memory_allocated``, reset before the model is built). The JSON is rewritten after every
-pair, and no new pair starts when ``--budget-s`` would be exceeded.
+``overhead`` times whole optimizer steps (generation included). Each trainer is built once per length, on its own
+model (same seed), and trains ``--warmup`` untimed steps at that length first (CUDA context, kernels, allocator, the
+first generate: the warm-up is never in a pair). Then each pair runs one step of each trainer, in alternating order
+(ABBA), lengths interleaved (pair 0 at every length, then pair 1, ...), so a drift of the machine hits both alike;
+``trainer.train()`` runs one step per call, timed by ``common.step_clock`` (CUDA synchronised at step start and end).
+Reported per step: wall time, and the peak CUDA memory the step added over what was allocated when it began
+(``step_peak_extra_mb``: both trainers stay resident, so the absolute peak would mostly show the other one). The
+JSON is rewritten after every pair; no new pair starts when ``--budget-s`` would be exceeded. Generation dominates a
+whole step at long lengths, so the GPU run times whole steps at a short length and the parts OTB changes at long
+ones separately: the rollout pass with sum pi^2 and the loss step (``fused-head``), and the advantages
+(``benchmarks.advantages_speed``).
 
 ``fused-head``: one model patched twice with ``trl.trainer.utils.add_fused_lm_head``, once with GRPOTrainer's
 outputs ``("log_probs", "entropy")`` and once with OTBTrainer's ``("log_probs", "entropy", "log_sum_sq_probs")``.
 Each repeat runs both variants in a fresh random order, no-grad (the rollout log-prob pass) and forward + backward
 (the training pass), on B x T tokens; medians and the median per-repeat ratio.
+
+``conclude`` reads ``device_overhead.json``, ``device_fused_head.json`` and ``device_advantages_speed.json`` from
+``--out`` (whichever exist) and writes ``device_conclusion.json``: one line per measurement, and the verdict.
 """
 
 from __future__ import annotations
@@ -60,46 +70,49 @@ def environment(device: str) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def train_once(trainer_name, shape, length, steps, warmup, prompts_per_step, device, dtype, tokenizer, workdir, seed):
-    """One training run of ``warmup + steps`` optimizer steps; returns the per-step times and the peak memory."""
-    import torch
+class TimedTrainer:
+    """One trainer kept for the whole benchmark: built, warmed up at its length, then stepped one step at a time."""
 
-    on_cuda = device.startswith("cuda")
-    if on_cuda:
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    model = build_random_model(shape, tokenizer, device, dtype, seed)
-    trainer, clock = timed_training(
-        trainer_name,
-        model,
-        tokenizer,
-        prompts_per_step=prompts_per_step,
-        device=device,
-        print_logs=False,
-        output_dir=str(Path(workdir) / f"{trainer_name}-{length}"),
-        use_cpu=not on_cuda,
-        bf16=dtype == torch.bfloat16,
-        max_completion_length=length,
-        max_steps=warmup + steps,
-        learning_rate=1e-6,
-        seed=seed,
-        data_seed=seed,
-    )
-    result = {
-        "trainer": trainer_name,
-        "length": length,
-        "steps": steps,
-        "per_step_wall_s": clock.wall[warmup:],
-        "step_wall_s": statistics.median(clock.wall[warmup:]),
-        "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if on_cuda else None,
-        "gradient_checkpointing": trainer.args.gradient_checkpointing,
-    }
-    del trainer, model
-    gc.collect()
-    if on_cuda:
-        torch.cuda.empty_cache()
-    return result
+    def __init__(self, trainer_name, shape, length, warmup, prompts_per_step, device, dtype, tokenizer, workdir, seed):
+        import torch
+
+        self.name, self.length, self.device = trainer_name, length, device
+        model = build_random_model(shape, tokenizer, device, dtype, seed)
+        # timed_training trains the warm-up steps (untimed: their times are dropped).
+        self.trainer, self.clock = timed_training(
+            trainer_name,
+            model,
+            tokenizer,
+            prompts_per_step=prompts_per_step,
+            device=device,
+            print_logs=False,
+            output_dir=str(Path(workdir) / f"{trainer_name}-{length}"),
+            use_cpu=not device.startswith("cuda"),
+            bf16=dtype == torch.bfloat16,
+            max_completion_length=length,
+            max_steps=warmup,
+            learning_rate=1e-6,
+            seed=seed,
+            data_seed=seed,
+        )
+        self.warmup_s = list(self.clock.wall)
+
+    def step(self) -> dict:
+        """One timed optimizer step (``trainer.train()`` with ``max_steps=1``): its wall time and added peak memory."""
+        import torch
+
+        on_cuda = self.device.startswith("cuda")
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        self.trainer.args.max_steps = 1
+        self.trainer.train()
+        return {
+            "trainer": self.name,
+            "length": self.length,
+            "step_wall_s": self.clock.wall[-1],
+            "step_peak_extra_mb": (torch.cuda.max_memory_allocated() - before) / 2**20 if on_cuda else None,
+        }
 
 
 def summarise_overhead(runs: list[dict], lengths: list[int]) -> dict:
@@ -113,7 +126,7 @@ def summarise_overhead(runs: list[dict], lengths: list[int]) -> dict:
         if not pairs:
             continue
         entry = {"pairs": len(pairs)}
-        for key in ("step_wall_s", "peak_cuda_mb"):
+        for key in ("step_wall_s", "step_peak_extra_mb"):
             if any(p[t][key] is None for p in pairs for t in ("grpo", "otb")):
                 entry[key] = None
                 continue
@@ -148,29 +161,33 @@ def run_overhead(args) -> Path:
         "prompts_per_step": args.prompts_per_step,
         "per_device_train_batch_size": N * args.prompts_per_step,
         "lengths": args.lengths,
-        "steps": args.steps,
-        "warmup": args.warmup,
+        "pairs_planned": args.pairs,
+        "warmup_steps": args.warmup,
         "budget_s": args.budget_s,
+        "timed": "whole optimizer steps (generation, scoring, OTB's advantages, loss, optimizer), warm-up excluded",
         "reward": "common.cheap_reward (reads token ids; costs nothing)",
     }
     start = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory() as workdir:
-        common = dict(
-            shape=args.shape,
-            steps=args.steps,
-            warmup=args.warmup,
-            prompts_per_step=args.prompts_per_step,
-            device=args.device,
-            dtype=dtype,
-            tokenizer=tokenizer,
-            workdir=workdir,
-            seed=args.seed,
-        )
-        # Untimed: one short run of each trainer (CUDA context, kernels, allocator).
-        for name in ("grpo", "otb"):
-            train_once(name, length=min(32, min(args.lengths)), **{**common, "steps": 1, "warmup": 0})
-        meta["warmup_s"] = time.perf_counter() - start
+        trainers = {
+            (name, length): TimedTrainer(
+                name,
+                args.shape,
+                length,
+                args.warmup,
+                args.prompts_per_step,
+                args.device,
+                dtype,
+                tokenizer,
+                workdir,
+                args.seed,
+            )  # fmt: skip
+            for length in args.lengths
+            for name in ("grpo", "otb")
+        }
+        meta["warmup_s"] = {f"{n}-{length}": t.warmup_s for (n, length), t in trainers.items()}
+        meta["setup_s"] = time.perf_counter() - start
         pair_s = {}  # length -> seconds of its last pair
         stopped = None
         for pair in range(args.pairs):
@@ -182,35 +199,74 @@ def run_overhead(args) -> Path:
                     )
                     break
                 t0 = time.perf_counter()
-                order = ("grpo", "otb") if pair % 2 == 0 else ("otb", "grpo")
-                for name in order:
-                    r = train_once(name, length=length, **common)
-                    r["pair"] = pair
+                for name in ("grpo", "otb") if pair % 2 == 0 else ("otb", "grpo"):
+                    r = {**trainers[name, length].step(), "pair": pair}
                     runs.append(r)
-                    mem = f"{r['peak_cuda_mb']:.0f} MB" if r["peak_cuda_mb"] is not None else "n/a"
                     print(
-                        f"overhead {length:5d} tokens pair {pair} {name:4s} step {r['step_wall_s']:.3f} s, "
-                        f"peak CUDA {mem}",
-                        flush=True,
+                        f"overhead {length:5d} tokens pair {pair} {name:4s} step {r['step_wall_s']:.3f} s", flush=True
                     )
                 pair_s[length] = time.perf_counter() - t0
                 meta["wall_s"] = time.perf_counter() - start
                 write_json(path, {"meta": meta, "summary": summarise_overhead(runs, args.lengths), "runs": runs})
             if stopped:
                 break
+        del trainers
+        gc.collect()
     meta["stopped"] = stopped
     meta["wall_s"] = time.perf_counter() - start
     summary = summarise_overhead(runs, args.lengths)
     write_json(path, {"meta": meta, "summary": summary, "runs": runs})
     for length, s in summary.items():
-        mem = s["peak_cuda_mb"]
         print(
-            f"== {length} tokens, {s['pairs']} pairs: OTB/GRPO step x{s['step_wall_s']['median_ratio']:.3f}"
-            + (f", peak CUDA x{mem['median_ratio']:.3f}" if mem else ""),
+            f"== {length} tokens, {s['pairs']} pairs: OTB/GRPO step x{s['step_wall_s']['median_ratio']:.3f}",
             flush=True,
         )
     print(f"wrote {path}")
     return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The conclusion of the GPU run
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> dict | None:
+    import json
+
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def conclude(out: Path) -> dict:
+    """``device_conclusion.json`` in ``out``: one line per measurement the parts wrote, and the verdict on OTB's
+    step overhead (the whole-step median ratio over at least 5 pairs, with the range of the pairs)."""
+    lines, verdict = [], "no conclusion: the whole-step overhead has fewer than 5 pairs"
+    overhead = _read(out / "device_overhead.json")
+    for length, s in (overhead or {}).get("summary", {}).items():
+        ratios = s["step_wall_s"]["pair_ratios"]
+        lines.append(
+            f"whole step, {length} tokens: OTB/GRPO x{s['step_wall_s']['median_ratio']:.3f} (median of {s['pairs']} "
+            f"pairs, range {min(ratios):.3f} to {max(ratios):.3f}; GRPO {s['step_wall_s']['grpo']:.2f} s)"
+        )
+        if s["pairs"] >= 5:
+            verdict = (
+                f"OTB's whole step costs x{s['step_wall_s']['median_ratio']:.3f} GRPO's at {length} tokens "
+                f"({s['pairs']} pairs, range {min(ratios):.3f} to {max(ratios):.3f})"
+            )
+    for r in (_read(out / "device_fused_head.json") or {}).get("results", []):
+        part = "rollout pass (no grad)" if r["mode"] == "no_grad" else "loss step (forward + backward)"
+        lines.append(
+            f"{part} with sum pi^2, {r['tokens']} tokens: x{r['median_ratio']:.3f}, {r['median_extra_ms']:+.1f} ms"
+        )
+    for r in (_read(out / "device_advantages_speed.json") or {}).get("results", []):
+        lines.append(
+            f"advantages (otb), {r['tokens'] / 1e6:.2f}M tokens: {r['median_s']['otb'] * 1e3:.1f} ms, "
+            f"x{r['ratio_to_floor']['otb']:.2f} the floor"
+        )
+    device = (overhead or {}).get("meta", {}).get("gpu") or (overhead or {}).get("meta", {}).get("device")
+    payload = {"device": device, "verdict": verdict, "lines": lines}
+    write_json(out / "device_conclusion.json", payload)
+    print("== conclusion: " + verdict + "".join(f"\n   {line}" for line in lines), flush=True)
+    return payload
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -317,15 +373,14 @@ def run_fused_head(args) -> Path:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["overhead", "fused-head"])
+    parser.add_argument("what", choices=["overhead", "fused-head", "conclude"])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, tiny sizes (the same code path)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=list(SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="completion tokens")
-    parser.add_argument("--pairs", type=int, default=3, help="interleaved GRPO/OTB pairs per length (overhead)")
-    parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per run (overhead)")
-    parser.add_argument("--warmup", type=int, default=0, help="untimed steps per run, after the global warm-up")
+    parser.add_argument("--pairs", type=int, default=6, help="interleaved GRPO/OTB step pairs per length (overhead)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each trainer before the pairs")
     parser.add_argument("--prompts-per-step", type=int, default=2, help="prompts per step (x N=4 completions)")
     parser.add_argument("--budget-s", type=float, default=300.0, help="no new overhead pair past this many seconds")
     parser.add_argument("--batch", type=int, default=8, help="sequences per call (fused-head)")
@@ -333,9 +388,14 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results")
     args = parser.parse_args()
+    if args.warmup < 1:
+        raise SystemExit("--warmup must be >= 1: the first step of a trainer is never timed")
     if args.dry_run:
         args.shape, args.device, args.dtype = "tiny-qwen2", "cpu", "fp32"
-        args.lengths, args.pairs, args.steps, args.repeats, args.batch = [8, 16], 1, 1, 2, 2
+        args.lengths, args.pairs, args.repeats, args.batch = [8, 16], 5, 2, 2
+    if args.what == "conclude":
+        conclude(Path(args.out))
+        return
     if args.device.startswith("cuda"):
         import torch
 

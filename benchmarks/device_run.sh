@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# The prepared GPU run: every GPU measurement of docs/benchmarks.md (section "The GPU run") in one command of about
-# 9 minutes, each part writing its JSON before the next starts:
-#   1. trainer overhead, OTBTrainer vs GRPOTrainer, bf16, Qwen2.5-0.5B shapes (random init), 1024 and 4096
-#      completion tokens, interleaved pairs: step time and peak CUDA memory       -> device_overhead.json
-#   2. estimator speed on the GPU at 2.1M and 8.4M tokens against the floor      -> device_advantages_speed.json
-#   3. TRL's fused LM head with and without log_sum_sq_probs                     -> device_fused_head.json
-#   4. the sample-efficiency job (SmolLM2-135M shapes, random init, `digits`), in whatever time is left
-#                                                                                 -> sample_efficiency_random-smollm2_digits.json
+# The prepared GPU run: a conclusion on OTB's cost in about 8 minutes of run time on one GPU, each part writing its
+# JSON before the next starts:
+#   1. whole-step overhead, OTBTrainer vs GRPOTrainer, bf16, Qwen2.5-0.5B shapes (random init), 256 completion
+#      tokens: each trainer built and warmed up once (warm-up untimed), then >= 5 interleaved (ABBA) step pairs
+#                                                                                 -> device_overhead.json
+#   2. the advantages on the GPU at 2.1M and 8.4M tokens against the floor      -> device_advantages_speed.json
+#   3. the rollout pass and the loss step with TRL's fused LM head, with and without log_sum_sq_probs, at 1024 and
+#      4096 tokens: the parts OTB changes, timed apart from generation, which dominates a whole step at those
+#      lengths                                                                   -> device_fused_head.json
+#   4. the conclusion: the verdict and one line per measurement                 -> device_conclusion.json
+# The sample-efficiency job is not part of it (it did not finish inside a lent GPU's time): run
+# `python -m benchmarks.sample_efficiency --model random-smollm2 ...` on a machine of your own.
 # The machine has torch, transformers, peft and accelerate but no trl, no datasets and no Hub: missing packages are
 # installed from the wheels in .whl/ (how to fetch them: docs/benchmarks.md) into /tmp/site.
 #
 # Usage: bash benchmarks/device_run.sh [--dry-run] [--budget SECONDS] [output folder]
 #   output folder: default $OUT if set, else benchmarks/results
-#   --budget: the whole run's seconds (default 540); parts 1 to 3 get fixed shares, part 4 what is left
+#   --budget: the whole run's seconds (default 480); parts 1 to 3 get fixed shares, the conclusion always runs
 #   --dry-run: on a CPU, tiny shapes and sizes, the same scripts and code paths (tests/benchmarks/test_device_run.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY=0
-BUDGET=540
+BUDGET=480
 OUT_DIR=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,16 +59,12 @@ if [ "$DRY" = 1 ]; then
     OVERHEAD_ARGS=(--dry-run)
     SPEED_ARGS=(--device cpu --sizes 16x8x64 --repeats 2)
     FUSED_ARGS=(--dry-run)
-    EFFICIENCY_ARGS=(--model tiny --task digits --arms otb_N4 --seeds 0 --steps 1 --prompts-per-step 2
-        --max-completion-length 8 --eval-every 1 --num-train 16 --num-test 2 --learning-rate 1e-3)
 else
     DEVICE=cuda
     "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device (use --dry-run on a CPU)'" || exit 1
-    OVERHEAD_ARGS=(--shape qwen2.5-0.5b --lengths 1024 4096 --pairs 3 --budget-s $((BUDGET * 50 / 100)))
+    OVERHEAD_ARGS=(--shape qwen2.5-0.5b --lengths 256 --pairs 6 --warmup 1 --budget-s $((BUDGET * 40 / 100)))
     SPEED_ARGS=(--device cuda --sizes 128x8x2048 128x8x8192 --repeats 9)
     FUSED_ARGS=(--shape qwen2.5-0.5b --lengths 1024 4096 --batch 8 --repeats 10)
-    EFFICIENCY_ARGS=(--model random-smollm2 --task digits --seeds 0 1 2 --steps 40 --prompts-per-step 16
-        --max-completion-length 32 --learning-rate 1e-4 --eval-every 10 --num-test 64)
 fi
 
 # part NAME SHARE_PERCENT COMMAND...: runs COMMAND under a time limit of SHARE_PERCENT of the budget (0: whatever is
@@ -86,9 +86,12 @@ part() {
     echo "== $name done at ${SECONDS} s"
 }
 
-part "1. trainer overhead" 62 "$PY" -m benchmarks.device_bench overhead "${OVERHEAD_ARGS[@]}" --out "$OUT_DIR"
-part "2. estimator speed" 8 "$PY" -m benchmarks.advantages_speed "${SPEED_ARGS[@]}" --stem device_advantages_speed \
+part "1. whole-step overhead" 50 "$PY" -m benchmarks.device_bench overhead "${OVERHEAD_ARGS[@]}" --out "$OUT_DIR"
+part "2. estimator speed" 10 "$PY" -m benchmarks.advantages_speed "${SPEED_ARGS[@]}" --stem device_advantages_speed \
     --out "$OUT_DIR"
-part "3. fused head sum pi^2" 14 "$PY" -m benchmarks.device_bench fused-head "${FUSED_ARGS[@]}" --out "$OUT_DIR"
-part "4. sample efficiency" 0 "$PY" -m benchmarks.sample_efficiency "${EFFICIENCY_ARGS[@]}" --out "$OUT_DIR"
+part "3. rollout pass and loss step with sum pi^2" 25 "$PY" -m benchmarks.device_bench fused-head "${FUSED_ARGS[@]}" \
+    --out "$OUT_DIR"
+echo "== 4. conclusion (${SECONDS} s elapsed)"
+timeout -k 10 60 "$PY" -m benchmarks.device_bench conclude --out "$OUT_DIR" || echo "== 4. conclusion: exit status $?"
+echo "== 4. conclusion done at ${SECONDS} s"
 echo "device_run ($DEVICE) finished in ${SECONDS} s; results in $OUT_DIR"

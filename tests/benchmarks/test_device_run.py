@@ -1,6 +1,7 @@
 """The prepared GPU run, ``benchmarks/device_run.sh``, in its CPU dry run: tiny shapes and sizes, the same scripts and
 code paths as on the GPU. Every part must write its JSON, with the fields the documentation reads, before the next
-part starts. No timing is asserted."""
+part starts; the whole-step overhead gets at least 5 interleaved pairs per length, warm-up excluded, and the run ends
+with a conclusion. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -35,26 +36,36 @@ def test_device_run_dry_run_writes_every_part(tmp_path):
         "overhead": tmp_path / "device_overhead.json",
         "speed": tmp_path / "device_advantages_speed.json",
         "fused": tmp_path / "device_fused_head.json",
-        "efficiency": tmp_path / "sample_efficiency_tiny_digits.json",
+        "conclusion": tmp_path / "device_conclusion.json",
     }
     for path in paths.values():
         assert path.exists(), f"{path.name} was not written"
+    assert not list(tmp_path.glob("sample_efficiency*")), "the sample-efficiency job is no longer part of the run"
     assert "device_run (cpu) finished" in (tmp_path / "device_run.log").read_text()
     # Written in order: each part's JSON exists before the next part starts.
-    times = [paths[k].stat().st_mtime for k in ("overhead", "speed", "fused", "efficiency")]
+    times = [paths[k].stat().st_mtime for k in ("overhead", "speed", "fused", "conclusion")]
     assert times == sorted(times)
 
     overhead = json.loads(paths["overhead"].read_text())
-    assert overhead["meta"]["device"] == "cpu" and overhead["meta"]["shape"] == "tiny-qwen2"
-    assert overhead["meta"]["lengths"] == [8, 16]
+    meta = overhead["meta"]
+    assert meta["device"] == "cpu" and meta["shape"] == "tiny-qwen2" and meta["lengths"] == [8, 16]
+    assert meta["warmup_steps"] >= 1 and meta["stopped"] is None
+    # The warm-up steps are recorded apart and never in a pair.
+    assert (
+        all(len(steps) == meta["warmup_steps"] for steps in meta["warmup_s"].values()) and len(meta["warmup_s"]) == 4
+    )
     runs = overhead["runs"]
-    assert sorted((r["length"], r["trainer"]) for r in runs) == [(8, "grpo"), (8, "otb"), (16, "grpo"), (16, "otb")]
-    for r in runs:
-        assert len(r["per_step_wall_s"]) == r["steps"] == 1 and r["step_wall_s"] > 0
-        assert "peak_cuda_mb" in r  # None on the CPU, MB on a GPU
-    for length in ("8", "16"):
-        s = overhead["summary"][length]
-        assert s["pairs"] == 1 and len(s["step_wall_s"]["pair_ratios"]) == 1 and s["step_wall_s"]["median_ratio"] > 0
+    for length in (8, 16):
+        rows = [r for r in runs if r["length"] == length]
+        pairs = sorted({r["pair"] for r in rows})
+        assert len(pairs) >= 5 and len(rows) == 2 * len(pairs)
+        # ABBA: the order of the two trainers alternates from pair to pair.
+        firsts = [next(r["trainer"] for r in rows if r["pair"] == p) for p in pairs]
+        assert firsts[:2] == ["grpo", "otb"] and firsts[2:4] == ["grpo", "otb"]
+        s = overhead["summary"][str(length)]
+        assert s["pairs"] == len(pairs) >= 5 and len(s["step_wall_s"]["pair_ratios"]) == s["pairs"]
+        assert s["step_wall_s"]["median_ratio"] > 0 and s["step_peak_extra_mb"] is None  # None on the CPU
+    assert all(r["step_wall_s"] > 0 and "step_peak_extra_mb" in r for r in runs)
 
     speed = json.loads(paths["speed"].read_text())
     assert speed["meta"]["clock"] == "process CPU time" and speed["meta"]["device"] == "cpu"
@@ -74,6 +85,27 @@ def test_device_run_dry_run_writes_every_part(tmp_path):
     for r in fused["results"]:
         assert set(r["median_s"]) == {"grpo", "otb"} and len(r["pair_ratios"]) == fused["meta"]["repeats"]
 
-    efficiency = json.loads(paths["efficiency"].read_text())
-    (run,) = efficiency["runs"]
-    assert run["arm"] == "otb_N4" and len(run["curve"]) >= 2
+    conclusion = json.loads(paths["conclusion"].read_text())
+    assert conclusion["device"] == "cpu"
+    assert re.match(r"OTB's whole step costs x[0-9.]+ GRPO's at 16 tokens \(\d+ pairs, range", conclusion["verdict"])
+    kinds = (
+        "whole step, 8 tokens",
+        "whole step, 16 tokens",
+        "rollout pass (no grad)",
+        "loss step",
+        "advantages (otb)",
+    )
+    assert all(any(line.startswith(k) for line in conclusion["lines"]) for k in kinds), conclusion["lines"]
+    assert "== conclusion: OTB's whole step costs" in log
+
+
+def test_the_conclusion_says_when_there_are_too_few_pairs(tmp_path):
+    from benchmarks.common import write_json
+    from benchmarks.device_bench import conclude
+
+    ratios = {"pair_ratios": [1.1, 0.9], "median_ratio": 1.0, "grpo": 1.0, "otb": 1.0}
+    write_json(
+        tmp_path / "device_overhead.json",
+        {"meta": {"device": "cuda"}, "summary": {"256": {"pairs": 2, "step_wall_s": ratios}}},
+    )
+    assert conclude(tmp_path)["verdict"] == "no conclusion: the whole-step overhead has fewer than 5 pairs"
