@@ -130,3 +130,16 @@ def test_a_lora_card_lists_each_framework_once_after_peft_saves_into_it(tiny_mod
     names = [re.match(r"- ([\w-]+)", line)[1].lower() for line in block.splitlines() if line.startswith("- ")]
     assert {"peft", "trl", "trl-otb", "transformers"} <= set(names)
     assert len(names) == len(set(names)), names
+
+
+def test_the_otb_settings_section_names_every_estimator_option():
+    from trl_otb import OTBConfig
+    from trl_otb.card import otb_settings_section
+
+    args = OTBConfig(
+        output_dir="unused", use_cpu=True, bf16=False, otb_leave_one_out=True, otb_tail="others_mean",
+        otb_shrinkage="ess",
+    )  # fmt: skip
+    section = otb_settings_section(args)
+    for row in ("| tail | `others_mean` |", "| leave-one-out | `True` |", "| shrinkage | `ess` |"):
+        assert row in section

@@ -60,6 +60,7 @@ def otb_settings_section(args) -> str:
         ("tail", args.otb_tail),
         ("epsilon", args.otb_epsilon),
         ("leave-one-out", args.otb_leave_one_out),
+        ("shrinkage", args.otb_shrinkage),
         ("loss_type", args.loss_type),
         ("KL beta", args.beta),
         ("max_completion_length", args.max_completion_length),
