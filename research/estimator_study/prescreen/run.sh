@@ -32,6 +32,9 @@ checkpoint() {  # checkpoint NAME: the partly trained policy (checkpoint.py) unl
 run prescreen_ramble_init "${RAMBLE[@]}"
 if [[ -z "$ONLY" || "prescreen_ramble_trained" == *"$ONLY"* ]]; then checkpoint ramble; fi
 run prescreen_ramble_trained "${RAMBLE[@]}" --checkpoint .cache/estimator_study/ramble_grpo.pt
+# N = 4 (the study's arms) with 400 groups per prompt: cos to about +-0.01, for the gate (cos >= 0.99)
+run prescreen_ramble_init_n4g400 "${RAMBLE[@]}" --Ns 4 --groups 400
+run prescreen_ramble_trained_n4g400 "${RAMBLE[@]}" --Ns 4 --groups 400 --checkpoint .cache/estimator_study/ramble_grpo.pt
 run prescreen_reach_init "${REACH[@]}"
 run prescreen_math_init "${MATH[@]}"
 run prescreen_count_init "${COUNT[@]}"
