@@ -146,10 +146,9 @@ class OTBConfig(GRPOConfig):
         if self.scale_rewards is None:  # resolved before TRL reads it: TRL's trainer knows no None
             self.scale_rewards = "group" if self.advantage_estimator == "grpo" else "none"
         with warnings.catch_warnings():
-            if self.activation_checkpointing is None and self.gradient_checkpointing is True:
-                # TRL's own default (gradient_checkpointing=True), which transformers warns about on every config; a
-                # value the user sets stays warned about, and so does every other warning.
-                warnings.filterwarnings("ignore", message=_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+            # gradient_checkpointing is a GRPOConfig field (TRL's default True, and TRL's documented name), which
+            # transformers warns about on every config: that one message is silenced; every other warning shows.
+            warnings.filterwarnings("ignore", message=_CHECKPOINTING_DEPRECATION, category=FutureWarning)
             super().__post_init__()  # TRL normalises its own fields first (scale_rewards=True -> "group", ...)
         self._validate_against_grpo()
 
