@@ -19,7 +19,7 @@ first generate: the warm-up is never in a pair). Then each pair runs one step of
 (ABBA), lengths interleaved (pair 0 at every length, then pair 1, ...), so a drift of the machine hits both alike;
 ``trainer.train()`` runs one step per call, timed by ``common.step_clock`` (CUDA synchronised at step start and end).
 Reported per step: wall time, and the peak CUDA memory the step added over what was allocated when it began
-(``step_peak_extra_mb``: both trainers stay resident, so the absolute peak would mostly show the other one). The
+(``step_peak_extra_mb``; ``peak_cuda_mb``, the absolute peak, includes the other trainer, which stays resident). The
 JSON is rewritten after every pair; no new pair starts when ``--budget-s`` would be exceeded. Generation dominates a
 whole step at long lengths, so the GPU run times whole steps at a short length and the parts OTB changes at long
 ones separately: the rollout pass with sum pi^2 and the loss step (``fused-head``), and the advantages
@@ -112,6 +112,7 @@ class TimedTrainer:
             "length": self.length,
             "step_wall_s": self.clock.wall[-1],
             "step_peak_extra_mb": (torch.cuda.max_memory_allocated() - before) / 2**20 if on_cuda else None,
+            "peak_cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if on_cuda else None,  # both trainers resident
         }
 
 
@@ -126,7 +127,7 @@ def summarise_overhead(runs: list[dict], lengths: list[int]) -> dict:
         if not pairs:
             continue
         entry = {"pairs": len(pairs)}
-        for key in ("step_wall_s", "step_peak_extra_mb"):
+        for key in ("step_wall_s", "step_peak_extra_mb", "peak_cuda_mb"):
             if any(p[t][key] is None for p in pairs for t in ("grpo", "otb")):
                 entry[key] = None
                 continue
