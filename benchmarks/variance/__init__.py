@@ -12,6 +12,7 @@ g = (1/N) sum_i sum_t A_t^(i) s_t^(i).
     estimators.py   the estimators compared: the shipped ones, the study's variants, OTB's tail fallbacks
     gradients.py    each space's token Gram matrix; every gradient as coefficients over the pool's tokens
     statistics.py   the bootstrap: means and intervals, paired tests, the squared bias and its calibration
+    yardstick.py    --yardstick: cos, scale, snr, eps_star, kappa of each estimator (bias-corrected, with intervals)
     run.py          one invocation: its plan, its pools, the analysis of each horizon
     report.py       the figure and the printed summary
     cli.py          the options, the JSON's meta, ``main``

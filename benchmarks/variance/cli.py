@@ -5,6 +5,7 @@
     python -m benchmarks.variance --quick    # tiny random Llama, a cheap synthetic reward (CI, seconds)
     python -m benchmarks.variance --task count --pool 12 --horizons 256 512 1024 --fallbacks \
         --stem variance_fallbacks_count12    # OTB's tail fallbacks: variance, squared bias and MSE of each candidate
+    python -m benchmarks.variance --task study-ramble --yardstick --batch-groups 4   # direction and optimal-scale error
 
 Prompts. Candidates are tried in a fixed order (math: the first 64 generated training prompts; count: one per
 ``--count-targets``) until ``--prompts`` (default 12) of them have pool rewards that vary at each horizon. Each
