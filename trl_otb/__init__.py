@@ -7,6 +7,7 @@ import TRL on first use.
 from .core import (
     ESTIMATORS,
     InfiniteRewardWarning,
+    NaNRewardWarning,
     NonFiniteGradientWarning,
     compute_advantages,
     grpo_advantages,
@@ -24,6 +25,7 @@ __version__ = "0.2.0"
 __all__ = [
     "ESTIMATORS",
     "InfiniteRewardWarning",
+    "NaNRewardWarning",
     "NonFiniteGradientWarning",
     "OTBConfig",
     "OTBTrainer",

@@ -51,7 +51,7 @@ REQUIRED = {
     "_calculate_rewards": (
         ("self", "inputs", "prompts", "completions", "completion_ids_list"),
         (
-            # trl_otb.inputs.checked_reward_func: TRL tells async reward functions apart as the wrapper does, and
+            # trl_otb.rewards.checked_reward_func: TRL tells async reward functions apart as the wrapper does, and
             # passes the completions by keyword (the wrapper counts them).
             "elif is_async_callable(reward_func):",
             "prompts=prompts, completions=completions, completion_ids=completion_ids_list, **reward_kwargs",

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Set
 import torch
 from trl.trainer.utils import is_async_callable
 
-from .core import InfiniteRewardWarning
+from .core import InfiniteRewardWarning, NaNRewardWarning
 
 __all__ = [
     "REWARD_LIMIT",
@@ -39,11 +39,6 @@ __all__ = [
 
 REWARD_LIMIT = 1e32
 """The largest |reward| OTB's estimators take in fp32 (``R * W`` summed over a group stays finite below it)."""
-
-
-class NaNRewardWarning(UserWarning):
-    """A reward function returned NaN: the completion is treated as unscorable. NaN is almost always a bug in the
-    reward function (a 0/0); return None for a completion the function cannot score."""
 
 
 # --- the outputs, checked as TRL reads them --------------------------------------------------------------------------

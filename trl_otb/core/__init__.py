@@ -9,7 +9,7 @@
 - :mod:`.groups`, :mod:`.checks`  group reductions and input validation shared by the above
 """
 
-from .checks import InfiniteRewardWarning, NonFiniteGradientWarning
+from .checks import InfiniteRewardWarning, NaNRewardWarning, NonFiniteGradientWarning
 from .diagnostics import otb_diagnostics
 from .estimators import (
     ESTIMATORS,
@@ -45,6 +45,7 @@ __all__ = [
     "TAILS",
     "Estimator",
     "InfiniteRewardWarning",
+    "NaNRewardWarning",
     "NonFiniteGradientWarning",
     "OTBTerms",
     "compute_advantages",

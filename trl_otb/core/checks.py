@@ -31,6 +31,11 @@ class NonFiniteGradientWarning(UserWarning):
     finite rewards this comes from advantages too large for the gradient's dtype (rewards of 1e30, say)."""
 
 
+class NaNRewardWarning(UserWarning):
+    """A reward function returned NaN: the completion is treated as unscorable. NaN is almost always a bug in the
+    reward function (a 0/0); return None for a completion the function cannot score."""
+
+
 class InfiniteRewardWarning(UserWarning):
     """A reward of +inf or -inf: the completion is treated as unscorable (like NaN), which is almost always a bug in
     the reward function."""
