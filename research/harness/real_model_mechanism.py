@@ -330,9 +330,9 @@ def advantage_allocation(advantages, classes: dict, rewards: list[float]) -> dic
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def run_one(job: dict) -> dict:
+def run_one(job: dict, on_trainer=lambda trainer: None) -> dict:
     """One step of one arm from the pretrained policy: the batch's advantages by class and the stop log-odds before
-    and after."""
+    and after; ``on_trainer`` is called with the trainer before it trains (first_batches.py reads its settings)."""
     import torch
 
     from research.harness.real_model_study import make_trainer
@@ -364,6 +364,7 @@ def run_one(job: dict) -> dict:
             return batch
 
     trainer = make_trainer(job, model, tok, count_task_reward, max_steps=1, trainer_class=StepOne)
+    on_trainer(trainer)
     moved = train_measuring_movement(trainer, model, order=1)  # Adam's first step is about lr per parameter
     after = stop_log_odds(model, tok, job["task"]["held_out_targets"])
     w_before, w_after = windows(before), windows(after)
