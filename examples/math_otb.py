@@ -42,6 +42,7 @@ from trl_otb.demo.models import (
 )
 from trl_otb.demo.rewards import accuracy_reward, format_reward
 from trl_otb.plotting import pyplot
+from trl_otb.quiet import quiet_checkpointing_aliases
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent / "recipes" / "cpu_smollm2.yaml"
 CPU_DEFAULTS = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False}
@@ -323,7 +324,7 @@ def main(script_args, math_args, training_args, model_args) -> dict:
 
     # TRL's own unwrap for generation: under DeepSpeed ZeRO-3 the weights are partitioned from loading on, and it
     # gathers them (before training too, when model_wrapped is still the model itself).
-    with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
+    with quiet_checkpointing_aliases(), unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
         before = evaluate(
             unwrapped, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator, "pass@1 before"
         )
@@ -333,7 +334,7 @@ def main(script_args, math_args, training_args, model_args) -> dict:
 
     train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
-    with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
+    with quiet_checkpointing_aliases(), unwrap_model_for_generation(trainer.model_wrapped, accelerator) as unwrapped:
         after = evaluate(
             unwrapped, tokenizer, eval_dataset, math_args.eval_batch_size, max_new_tokens, accelerator, "pass@1 after"
         )
