@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import sys
 import types
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import Literal, get_origin
+from typing import Literal, get_origin, get_type_hints
 
 from trl import GRPOConfig
 
@@ -275,13 +275,12 @@ def otb_field_names() -> list[str]:
     return [f.name for f in fields(OTBConfig) if f.name in own]
 
 
+@functools.cache
 def _accepted_types(name: str) -> tuple[type, ...]:
     """The types field ``name`` takes: its annotation's (``float`` takes an int too), or :data:`_TYPE_OVERRIDES`."""
     if name in _TYPE_OVERRIDES:
         return _TYPE_OVERRIDES[name]
-    annotation = vars(OTBConfig)["__annotations__"][name]
-    if isinstance(annotation, str):  # postponed annotations: resolve in this module's namespace
-        annotation = eval(annotation, vars(sys.modules[__name__]))  # noqa: S307 (our own annotation text)
+    annotation = get_type_hints(OTBConfig)[name]  # resolves the postponed (string) annotations
     accepted = annotation.__args__ if isinstance(annotation, types.UnionType) else (annotation,)
     # A Literal["a", "b"] takes the types of its values; the values themselves are checked where the field is.
     accepted = [type(v) for a in accepted for v in a.__args__] if get_origin(annotation) is Literal else accepted
