@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-SUBCOMMANDS = ("trl_otb.fidelity.cli",)
+SUBCOMMANDS = ("trl_otb.fidelity.cli", "trl_otb.gradcheck.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

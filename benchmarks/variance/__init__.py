@@ -38,21 +38,23 @@ from benchmarks.variance.gradients import (
     analyse_prompt,
     attach_adapter,
     group_coefficients,
-    position_centring,
-    reference_coefficients,
-    token_gram,
 )
 from benchmarks.variance.sampling import (
     completion_records,
     count_reward,
-    draw_groups,
-    head_statistics,
     load_or_sample_pool,
     pool_seed,
     prompt_tensors,
     sample_pool,
 )
 from benchmarks.variance.statistics import squared_bias, summarise
+from trl_otb.gradcheck.gram import (
+    draw_groups,
+    head_statistics,
+    position_centring,
+    reference_coefficients,
+    token_gram,
+)
 
 __all__ = [
     "SHARE_BINS",

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.variance.sampling import draw_groups
 from trl_otb import compute_advantages
+from trl_otb.gradcheck.gram import draw_groups
 
 VARIANCE_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),

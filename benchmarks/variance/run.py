@@ -21,10 +21,11 @@ from benchmarks.variance.estimators import (
     fallback_pairs,
     yardstick_estimators,
 )
-from benchmarks.variance.gradients import analyse_prompt, cached_lora_gram, token_gram
+from benchmarks.variance.gradients import analyse_prompt, cached_lora_gram
 from benchmarks.variance.sampling import STUDY_TASKS, load_or_sample_pool, pool_seed, prompt_tensors
 from benchmarks.variance.statistics import calibration, decomposition_summary, matching_n, summarise
-from benchmarks.variance.yardstick import head_coordinates, summarise_yardstick
+from benchmarks.variance.yardstick import summarise_yardstick
+from trl_otb.gradcheck.gram import head_coordinates, token_gram
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import sample
-from trl_otb import sum_pi_squared
+from trl_otb.gradcheck.gram import head_statistics
 
 COUNT_PREFIX = "1, 2, 3,"
 """The count task's answer starts with this (as the start of the assistant turn): unprompted, the embedded model
@@ -104,30 +104,6 @@ def study_setup(task: str, num_prompts: int, seed: int):
         return [spec.score(t, patterns[p]) for t in texts]
 
     return model, tokenizer, [spec.prompt(p) for p in patterns], reward
-
-
-def head_statistics(model, input_ids, attention_mask, completion_ids, temperature=1.0, top_k=64):
-    """Per completion token: head input h [B, L, H], log Z [B, L], log pi(y) [B, L], sum pi^2 [B, L], top-k ids.
-
-    One no-grad forward; the head input is captured by a hook on the output embedding, so it is exactly what the
-    head multiplies, whatever the architecture's final norm.
-    """
-    L = completion_ids.shape[1]
-    captured = {}
-    head = model.get_output_embeddings()
-    hook = head.register_forward_hook(lambda m, a, o: captured.__setitem__("h", a[0]))
-    try:
-        with torch.no_grad():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -L - 1 : -1].float()
-    finally:
-        hook.remove()
-    h = captured["h"][:, -L - 1 : -1].float()
-    z = logits / temperature
-    log_z = torch.logsumexp(z, dim=-1)
-    logp_y = z.gather(-1, completion_ids[..., None]).squeeze(-1) - log_z
-    sum_sq = sum_pi_squared(logits, temperature)
-    top = z.topk(min(top_k, z.shape[-1]), dim=-1).indices
-    return h, log_z, logp_y, sum_sq, top
 
 
 def completion_records(comp, lengths, h, log_z, logp_y, sum_sq, top) -> list[dict]:
@@ -240,9 +216,3 @@ def prompt_tensors(completions, rewards, horizon):
         proxy[j, :k] = (1 - 2 * p + c["sum_sq"][:k]).clamp(0, 2)  # w_t = ||e_y - pi||^2
         mask[j, :k] = True
     return torch.tensor(rewards, dtype=torch.float32), proxy, mask
-
-
-def draw_groups(M, N, count, generator):
-    """Groups of N i.i.d. draws from the pool (with replacement): sampling from the pool's empirical distribution,
-    so a group's variance does not shrink as N approaches M (drawing without replacement would)."""
-    return torch.randint(M, (count, N), generator=generator)
