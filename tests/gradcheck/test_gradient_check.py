@@ -65,12 +65,17 @@ def test_a_rerun_resumes_and_more_prompts_extend_the_check(tmp_path):
     out = tmp_path / "gc"
     first = check(tmp_path, out=out)
     pools = sorted((out / "pools").glob("p*.pt"))
+    assert len(pools) == 8  # precondition: each of the 4 prompts has its pool and its head gradients
     stamps = [p.stat().st_mtime_ns for p in pools]
     again = check(tmp_path, out=out)
     assert again["rows"] == first["rows"]  # read back, not drawn again
     assert [p.stat().st_mtime_ns for p in pools] == stamps
     more = check(tmp_path, out=out, prompts=6)
-    assert len(list((out / "pools").glob("p*.pt"))) == 6 and more["meta"]["prompts"] == 6
+    assert len(list((out / "pools").glob("p????.pt"))) == 6 and more["meta"]["prompts"] == 6
+    block = check(tmp_path, out=out, params="last-block", sketch_dim=0)  # the same pools, another space
+    assert [p.stat().st_mtime_ns for p in pools] == stamps  # no pool drawn again
+    assert len(list((out / "pools").glob("p*-last-block-*.pt"))) == 4
+    assert block["meta"]["informative_prompts"] == first["meta"]["informative_prompts"]
     with pytest.raises(ValueError, match="other settings"):
         check(tmp_path, out=out, pool_size=12)
 
@@ -174,3 +179,32 @@ def test_quick_on_the_embedded_model_end_to_end_offline(tmp_path):
     assert all("cos" in row and "eps_star" in row for row in report["rows"].values())
     assert report["rows"]["grpo_std"]["cos"] >= 0.99
     assert "On this setup" in done.stdout
+
+
+@pytest.mark.parametrize("space", ["last-block", "adapter"])
+def test_per_token_gradients_are_each_tokens_own_exactly(space):
+    """Against one autograd call per token: every row is that token's gradient, and the kappa coordinates are
+    entries of it."""
+    from peft import LoraConfig, get_peft_model
+
+    from trl_otb.gradcheck.gram import linear_token_gradients
+    from trl_otb.gradcheck.pools import measured_layers
+
+    model, _ = tiny_model_and_tokenizer()
+    if space == "adapter":
+        model = get_peft_model(
+            model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+        )
+    layers = measured_layers(model, space)
+    prompt, comp = torch.tensor([3, 5, 7, 2]), torch.tensor([9, 4, 11, 6, 8])
+    (S,), (X,), _ = linear_token_gradients(model, layers, prompt, [comp], sketch_dim=0, chunk=2, kappa_dim=64)
+    base = model.get_base_model() if space == "adapter" else model
+    logits = base(input_ids=torch.cat([prompt, comp])[None]).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits, -1).gather(1, comp[:, None])[:, 0]
+    for t in range(len(comp)):
+        grads = torch.autograd.grad(logp[t], [m.weight for m in layers], retain_graph=True, allow_unused=True)
+        exact = torch.cat([torch.zeros(m.weight.numel()) if g is None else g.flatten() for g, m in zip(grads, layers)])
+        assert exact.abs().max() > 0  # precondition: the token has a gradient here
+        torch.testing.assert_close(S[t], exact, rtol=1e-4, atol=1e-6)
+        nearest = (exact[None, :] - X[t][:, None]).abs().min(1).values
+        assert nearest.max() <= 1e-5 * exact.abs().max()

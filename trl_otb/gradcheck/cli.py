@@ -37,7 +37,9 @@ DEFAULT_DATASET = "trl_otb.demo.data:load_math_dataset"
 DEFAULT_REWARD = "trl_otb.demo.rewards.accuracy_reward"
 """With no dataset and no reward given: the demo's generated math problems and its accuracy reward, loaded by name
 on that request only (the library imports no demo module)."""
-SETTINGS = ("model", "params", "pool_size", "max_completion_length", "temperature", "seed", "kappa_dim", "sketch_dim")
+POOL_SETTINGS = ("model", "pool_size", "max_completion_length", "temperature", "seed")
+"""What defines the pools kept in ``out/pools``: a rerun with other values is refused. The parameter space and its
+sketch sizes may change: each keeps its own gradients beside the pools, so spaces are compared on the same pools."""
 
 
 def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = None, *, processing_class=None,
@@ -75,7 +77,7 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
         "max_completion_length": args.max_completion_length, "temperature": trainer.temperature, "seed": seed,
         "kappa_dim": kappa_dim, "sketch_dim": sketch_dim if params != "head" else 0,
     }  # fmt: skip
-    cache = _pool_cache(out, settings)
+    cache = _pool_cache(out, {k: settings[k] for k in POOL_SETTINGS})
     dataset = trainer.train_dataset.shuffle(seed=seed)
     if len(dataset) < prompts:
         raise ValueError(f"The dataset has {len(dataset)} prompts; prompts={prompts} needs that many.")
@@ -83,17 +85,23 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     start, cells, unscorable = time.perf_counter(), [], 0
     bar = _progress(prompts, progress)
     for i in range(prompts):
-        path = None if cache is None else cache / f"p{i:04d}.pt"
-        if path is not None and path.exists():
-            pool, space = torch.load(path, weights_only=False).values()
+        pool_path = None if cache is None else cache / f"p{i:04d}.pt"
+        space_path = None if cache is None else cache / f"p{i:04d}-{params}-k{kappa_dim}-s{settings['sketch_dim']}.pt"
+        if pool_path is not None and pool_path.exists():
+            pool = torch.load(pool_path, weights_only=False)
         else:
             bar.set_description(f"prompt {i + 1}/{prompts}: sampling")
             pool = draw_pool(trainer, dataset[i], pool_size, seed * 100_003 + i)
+            if pool_path is not None:
+                torch.save(pool, pool_path)
+        if space_path is not None and space_path.exists():
+            space = torch.load(space_path, weights_only=False)
+        else:
             bar.set_description(f"prompt {i + 1}/{prompts}: gradients ({params})")
             space = space_data(model, pool, params, trainer.temperature, kappa_dim=kappa_dim,
                                sketch_dim=sketch_dim, seed=seed + i)  # fmt: skip
-            if path is not None:
-                torch.save({"pool": pool, "space": space}, path)
+            if space_path is not None:
+                torch.save(space, space_path)
         unscorable += int((~torch.isfinite(pool["rewards"])).sum())
         generator = torch.Generator().manual_seed(seed * 7919 + i)  # each prompt's groups: extending keeps them
         cells.append(prompt_cells(space, pool, N, num_groups, generator, estimators))

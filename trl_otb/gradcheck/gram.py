@@ -10,10 +10,9 @@ every inner product is c^T K c' with the token Gram matrix K_ab = <s_a, s_b>. No
   on a vocabulary subset S (every sampled token plus each position's top-k); the part of <pi_a, pi_b> outside S is
   bounded by min(m_a r_b, m_b r_a) (m: largest probability outside S, r: mass outside S), returned as the bound.
 - **Any set of ``nn.Linear`` weights** (``linear_token_gradients``: a LoRA adapter, the last decoder block): no
-  closed form; each token's gradient is a per-example gradient (the sequence copied once per token, copy j scoring
-  only its own token; a weight's per-copy gradient is sum_pos grad_out^T input, read by hooks), projected by a
-  fixed CountSketch (unbiased for inner products; relative error about sqrt(2 / dim) on a squared norm). The cost
-  is quadratic in the completion length.
+  closed form; each token's gradient is taken exactly (one forward, a batched backward per chunk of tokens) and
+  projected by a fixed CountSketch (unbiased for inner products; relative error about sqrt(2 / dim) on a squared
+  norm). The backward's cost grows with the completion length times the depth it reaches.
 """
 
 from __future__ import annotations
@@ -174,25 +173,26 @@ def head_coordinates(completions, head_weight, temperature, budget, generator):
     return F, w
 
 
-def linear_token_gradients(model, layers, prompt_ids, completions, sketch_dim=2**16, temperature=1.0, chunk=16,
+def linear_token_gradients(model, layers, prompt_ids, completions, sketch_dim=2**16, temperature=1.0, chunk=8,
                            seed=0, kappa_dim=0):  # fmt: skip
     """Per completion, S [T, D]: the gradient of log pi(y_t) w.r.t. the weights of ``layers`` (``nn.Linear``
     modules of ``model``, a causal LM), one row per token; with ``kappa_dim`` > 0 also X [T, kappa_dim], the exact
     gradient on that many coordinates drawn uniformly from the weights (each weighted numel / kappa_dim). Returns
     (list of S, list of X or None, coordinate weights [kappa_dim] or None).
 
-    Token t's gradient is a per-example gradient: the sequence is copied once per token of a chunk, copy j scores
-    only its own token, and the weight gradient of copy j is sum_pos grad_out[j, pos]^T input[j, pos] (hooks read
-    both). With ``sketch_dim`` > 0 each gradient is projected by a fixed CountSketch (coordinate i of the flattened
+    One forward per completion; token t's gradient of a layer's weight is sum_pos delta_t[pos]^T x[pos], with x the
+    layer's input (read by a hook) and delta_t = d log pi(y_t) / d(layer output), for ``chunk`` tokens at a time by
+    one batched backward (``torch.autograd.grad(..., is_grads_batched=True)``). It reaches back only as far as the
+    first of ``layers`` (other parameters are frozen meanwhile), so the last block costs little more than a
+    forward. With ``sketch_dim`` > 0 each gradient is projected by a fixed CountSketch (coordinate i of the flattened
     weights goes to bucket b_i with sign s_i, so <Sx, Sy> is unbiased for <x, y>); with 0 the rows are exact.
-    Gradient flows only as far back as the first of ``layers`` needs (other parameters are frozen meanwhile).
     """
     if not layers:
         raise ValueError("No nn.Linear weights to measure: pass the layers whose gradient to take.")
+    device = layers[0].weight.device
     sizes = [m.weight.numel() for m in layers]
     generator = torch.Generator().manual_seed(seed)
     if sketch_dim:
-        device = layers[0].weight.device
         buckets = [torch.randint(sketch_dim, (n,), generator=generator).to(device) for n in sizes]
         signs = [(torch.randint(0, 2, (n,), generator=generator).float() * 2 - 1).to(device) for n in sizes]
     starts = [0, *torch.tensor(sizes).cumsum(0).tolist()]
@@ -201,27 +201,13 @@ def linear_token_gradients(model, layers, prompt_ids, completions, sketch_dim=2*
     if kappa_dim:
         flat = torch.randint(starts[-1], (kappa_dim,), generator=generator)
         layer_of = torch.searchsorted(torch.tensor(starts[1:]), flat, right=True)
-        picks = [
-            (i, flat[layer_of == i] - starts[i], (layer_of == i).nonzero().squeeze(1)) for i in range(len(layers))
-        ]
-        coord_weight = torch.full((kappa_dim,), starts[-1] / kappa_dim, dtype=torch.float64)
-    state = {}
+        picks = [((flat[layer_of == i] - starts[i]).to(device), (layer_of == i).nonzero().squeeze(1).to(device))
+                 for i in range(len(layers))]  # fmt: skip
+    captured = {}
 
     def forward_hook(index):
         def hook(module, args, out):
-            x = args[0].detach()
-
-            def on_grad(grad_out):
-                per_copy = torch.einsum("blo,bli->boi", grad_out.float(), x.float()).flatten(1)  # [k, numel]
-                if sketch_dim:
-                    state["S"].index_add_(1, buckets[index], per_copy * signs[index])
-                else:
-                    state["S"][:, starts[index] : starts[index + 1]] += per_copy
-                if picks is not None:
-                    _, where, columns = picks[index]
-                    state["X"][:, columns] += per_copy[:, where]
-
-            out.register_hook(on_grad)
+            captured[index] = (args[0].detach(), out)
 
         return hook
 
@@ -233,26 +219,32 @@ def linear_token_gradients(model, layers, prompt_ids, completions, sketch_dim=2*
         try:
             for comp in completions:
                 T, Lp = len(comp), len(prompt_ids)
-                seq = torch.cat([prompt_ids, comp])
-                rows, rows_x = [], []
+                seq = torch.cat([prompt_ids, comp])[None]
+                h = body(input_ids=seq[:, :-1]).last_hidden_state[0, Lp - 1 :]
+                logp = torch.log_softmax(head(h).float() / temperature, dim=-1).gather(1, comp[:, None])[:, 0]
+                outputs = [captured[i][1] for i in range(len(layers))]
+                S, X = torch.zeros(T, dim, device=device), torch.zeros(T, kappa_dim, device=device)
                 for t0 in range(0, T, chunk):
-                    t1 = min(T, t0 + chunk)
-                    k = t1 - t0
-                    state["S"] = torch.zeros(k, dim, device=seq.device)
-                    state["X"] = torch.zeros(k, kappa_dim, device=seq.device)
-                    # Copy j predicts completion token t0 + j from position Lp + t0 + j - 1; later positions are cut.
-                    hidden = body(input_ids=seq[: Lp + t1 - 1].expand(k, -1)).last_hidden_state
-                    h = hidden[torch.arange(k), Lp + torch.arange(t0, t1) - 1]
-                    logp = torch.log_softmax(head(h).float() / temperature, dim=-1).gather(1, comp[t0:t1, None])
-                    logp.sum().backward()
-                    rows.append(state.pop("S"))
-                    rows_x.append(state.pop("X"))
-                out.append(torch.cat(rows).cpu())
-                out_x.append(torch.cat(rows_x).cpu())
+                    k = min(T, t0 + chunk) - t0
+                    select = torch.zeros(k, T, device=logp.device)
+                    select[torch.arange(k), t0 + torch.arange(k)] = 1.0
+                    deltas = torch.autograd.grad(logp, outputs, select, retain_graph=True, is_grads_batched=True)
+                    for i, delta in enumerate(deltas):  # delta [k, 1, L, out], x [1, L, in]
+                        x = captured[i][0][0].float()
+                        per_token = torch.einsum("klo,li->koi", delta[:, 0].float(), x).flatten(1)
+                        if sketch_dim:
+                            S[t0 : t0 + k].index_add_(1, buckets[i], per_token * signs[i])
+                        else:
+                            S[t0 : t0 + k, starts[i] : starts[i + 1]] = per_token
+                        if picks is not None:
+                            X[t0 : t0 + k, picks[i][1]] = per_token[:, picks[i][0]]
+                captured.clear()
+                out.append(S.cpu())
+                out_x.append(X.cpu())
         finally:
             for handle in handles:
                 handle.remove()
-            model.zero_grad(set_to_none=True)
+    coord_weight = torch.full((kappa_dim,), starts[-1] / max(kappa_dim, 1), dtype=torch.float64)
     return out, (out_x if kappa_dim else None), (coord_weight if kappa_dim else None)
 
 
