@@ -167,7 +167,8 @@ def head_coordinates(completions, head_weight, temperature, budget, generator):
     h = torch.cat([c["h"] for c in completions]).double()
     log_z = torch.cat([c["log_z"] for c in completions]).double()
     V, H = head_weight.shape
-    rows, cols, w = coordinate_sample(ids, V, H, budget, generator)
+    rows, cols, w = coordinate_sample(ids.cpu(), V, H, budget, generator)  # a CPU generator's draws
+    rows, cols = rows.to(h.device), cols.to(h.device)
     pi = torch.exp(h @ head_weight[rows].double().T / temperature - log_z[:, None])  # [n, D]
     F = ((ids[:, None] == rows[None, :]).double() - pi) * h[:, cols]
     return F, w

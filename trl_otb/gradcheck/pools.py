@@ -138,12 +138,13 @@ def space_data(model, pool: dict, space: str, temperature: float, *, kappa_dim: 
         h, log_z, logp_y, sum_sq, top = gram.head_statistics(
             model, input_ids, attention, input_ids[:, -ids.shape[1] :], temperature
         )
-        fields = {"ids": ids, "h": h.cpu(), "log_z": log_z.cpu(), "top": top.cpu()}
+        # On the model's device: with a large vocabulary the Gram matrix is the check's biggest product.
+        fields = {"ids": ids.to(h.device), "h": h, "log_z": log_z, "top": top}
         records = [{name: x[i, :k] for name, x in fields.items()} for i, k in enumerate(lengths.tolist())]
-        weight = head.weight.detach().float().cpu()
+        weight = head.weight.detach().float()
         K, bound, _ = gram.token_gram(records, weight, temperature)
         F, w = gram.head_coordinates(records, weight, temperature, kappa_dim, generator)
-        return {"K": K, "F": F, "w": w, "tail_bound": bound}
+        return {"K": K.cpu(), "F": F.cpu(), "w": w.cpu(), "tail_bound": bound}
     layers = measured_layers(model, space)
     device = layers[0].weight.device
     completions = [ids[i, :k].to(device) for i, k in enumerate(lengths.tolist())]
