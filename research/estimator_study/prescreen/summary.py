@@ -47,8 +47,12 @@ def _point(stem: str, horizon: str | None) -> dict | None:
     data = json.loads(path.read_text())
     space = data["results"]["lm_head"]
     entry = space[horizon] if horizon else next(iter(space.values()))
-    table = entry["yardstick"]["table"]
+    table, paired = entry["yardstick"]["table"], entry["yardstick"]["paired"]
     rows = {arm: {k: table[f"N=4/{est}"][k] for k in KEYS} for arm, est in ARMS.items() if f"N=4/{est}" in table}
+    for arm, est in ARMS.items():  # eps_star minus unscaled GRPO's, on the same resamples
+        pair = paired.get(f"N=4/{est}-grpo", {}).get("eps_star")
+        if arm in rows and pair:
+            rows[arm]["eps_star_minus_unscaled_grpo"] = {k: pair[k] for k in ("diff", "diff_ci", "significant")}
     return {"file": path.name, "command": data["meta"]["command"], "rows": rows}
 
 
