@@ -326,3 +326,14 @@ def test_math_example_with_vllm_colocate(vllm_model_dir, tmp_path):
         n_tensors = len(list(saved.keys()))
     assert json.loads(syncs.read_text()) == [["colocate", n_tensors]] * 2
     assert "held-out pass@1" in proc.stdout
+
+
+def test_gradient_check_draws_its_pools_with_vllm(vllm_model_dir, tmp_path):
+    """``trl-otb gradient-check`` takes generation from the trainer: with ``use_vllm=True`` every pool is one vLLM
+    generate call, and the report has every estimator's yardstick."""
+    command = [sys.executable, str(HELPERS / "gradcheck_vllm_worker.py"), vllm_model_dir, str(tmp_path)]
+    proc = subprocess.run(command, env=worker_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert json.loads((tmp_path / "calls.json").read_text())["generate_calls"] == 3  # one per prompt's pool
+    report = json.loads((tmp_path / "gc" / "gradient_check.json").read_text())
+    assert all("cos" in row and "eps_star" in row for row in report["rows"].values())

@@ -82,13 +82,13 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     if len(dataset) < prompts:
         raise ValueError(f"The dataset has {len(dataset)} prompts; prompts={prompts} needs that many.")
     estimators = estimators_for(args)
-    start, cells, unscorable = time.perf_counter(), [], 0
+    start, cells, unscorable, reused = time.perf_counter(), [], 0, 0
     bar = _progress(prompts, progress)
     for i in range(prompts):
         pool_path = None if cache is None else cache / f"p{i:04d}.pt"
         space_path = None if cache is None else cache / f"p{i:04d}-{params}-k{kappa_dim}-s{settings['sketch_dim']}.pt"
         if pool_path is not None and pool_path.exists():
-            pool = torch.load(pool_path, weights_only=False)
+            pool, reused = torch.load(pool_path, weights_only=False), reused + 1
         else:
             bar.set_description(f"prompt {i + 1}/{prompts}: sampling")
             pool = draw_pool(trainer, dataset[i], pool_size, seed * 100_003 + i)
@@ -122,7 +122,7 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
             **settings, "num_generations": N, "batch_groups": batch, "num_groups": num_groups, "bootstrap": bootstrap,
             "prompts": prompts, "informative_prompts": len(informative), "unscorable_completions": unscorable,
             "estimators": {name: {"estimator": e, "options": o} for name, (e, o) in estimators.items()},
-            "seconds": round(time.perf_counter() - start, 1), "command": " ".join(sys.argv),
+            "seconds": round(time.perf_counter() - start, 1), "pools_read_back": reused, "command": _command_line(),
         },
         "rows": rows,
         "paired": paired,
@@ -135,6 +135,13 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     if out is not None:
         Path(out, "gradient_check.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _command_line() -> str:
+    """How this process was started, with the entry point by its name (``trl-otb``, ``python -m trl_otb.cli``)."""
+    first = Path(sys.argv[0])
+    name = "trl-otb" if first.name == "trl-otb" else "python -m trl_otb.cli" if first.name == "cli.py" else str(first)
+    return " ".join([name, *sys.argv[1:]])
 
 
 def _pool_cache(out, settings: dict) -> Path | None:
@@ -184,8 +191,8 @@ def format_report(report: dict) -> str:
         )
     N = meta["num_generations"]
     lines.append(
-        f"calibration: unscaled GRPO's scale {rows['grpo']['scale']:.3f} (exactly {1 - 1 / N:.3f} = 1 - 1/N here), "
-        f"RLOO's {rows['rloo']['scale']:.3f} (exactly 1); both have cos 1."
+        f"calibration: in expectation unscaled GRPO's scale is 1 - 1/N = {1 - 1 / N:.3f} and RLOO's 1, both with cos 1;"
+        f" measured {ci(rows['grpo'], 'scale')} and {ci(rows['rloo'], 'scale')}."
     )
     lines.append(report["reading"])
     return "\n".join(lines)
