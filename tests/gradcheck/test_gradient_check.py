@@ -98,6 +98,16 @@ def test_bad_input_gets_a_clear_answer(tmp_path):
         check(tmp_path, pool_size=2)
     with pytest.raises(ValueError, match="needs a PEFT adapter"):
         check(tmp_path, params="adapter")
+    with pytest.raises(ValueError, match="The dataset has 16 prompts; prompts=40 needs that many"):
+        check(tmp_path, prompts=40)
+
+
+def test_a_streamed_dataset_is_read_in_order(tmp_path):
+    model, tokenizer = tiny_model_and_tokenizer()
+    streamed = prompts_dataset().to_iterable_dataset()
+    report = gradient_check(model, varied_reward, streamed, make_args(tmp_path), processing_class=tokenizer, prompts=3,
+                            pool_size=8, num_groups=16, bootstrap=50, progress=False, kappa_dim=256)  # fmt: skip
+    assert report["meta"]["prompts"] == 3 and "grpo" in report["rows"]
 
 
 def test_a_config_the_trainer_refuses_is_refused_with_the_trainers_message(tmp_path):

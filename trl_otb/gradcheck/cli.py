@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import math
 import sys
@@ -78,9 +79,7 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
         "kappa_dim": kappa_dim, "sketch_dim": sketch_dim if params != "head" else 0,
     }  # fmt: skip
     cache = _pool_cache(out, {k: settings[k] for k in POOL_SETTINGS})
-    dataset = trainer.train_dataset.shuffle(seed=seed)
-    if len(dataset) < prompts:
-        raise ValueError(f"The dataset has {len(dataset)} prompts; prompts={prompts} needs that many.")
+    rows = _first_rows(trainer.train_dataset, prompts, seed)
     estimators = estimators_for(args)
     start, cells, unscorable, reused = time.perf_counter(), [], 0, 0
     bar = _progress(prompts, progress)
@@ -91,7 +90,7 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
             pool, reused = torch.load(pool_path, weights_only=False), reused + 1
         else:
             bar.set_description(f"prompt {i + 1}/{prompts}: sampling")
-            pool = draw_pool(trainer, dataset[i], pool_size, seed * 100_003 + i)
+            pool = draw_pool(trainer, rows[i], pool_size, seed * 100_003 + i)
             if pool_path is not None:
                 torch.save(pool, pool_path)
         if space_path is not None and space_path.exists():
@@ -135,6 +134,20 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     if out is not None:
         Path(out, "gradient_check.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _first_rows(dataset, prompts: int, seed: int) -> list[dict]:
+    """The first ``prompts`` rows of the dataset shuffled by ``seed`` (a streamed dataset: its first rows, as read)."""
+    from datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        rows = list(itertools.islice(dataset, prompts))
+    else:
+        shuffled = dataset.shuffle(seed=seed)
+        rows = [shuffled[i] for i in range(min(prompts, len(shuffled)))]
+    if len(rows) < prompts:
+        raise ValueError(f"The dataset has {len(rows)} prompts; prompts={prompts} needs that many: pass fewer.")
+    return rows
 
 
 def _command_line() -> str:
@@ -237,6 +250,7 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--use-peft", action="store_true", help="measure a fresh LoRA adapter (--lora-r, --lora-alpha)")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--num-generations", type=int, help="group size N (default: the recipe's, else 4)")
     p.add_argument("--prompts", type=int, help=f"prompts measured (default {DEFAULTS['prompts']})")
     p.add_argument("--pool", type=int, help=f"completions per prompt (default {DEFAULTS['pool_size']})")
     p.add_argument("--groups", type=int, help=f"groups drawn per prompt (default {DEFAULTS['num_groups']})")
@@ -307,7 +321,9 @@ def _command(args) -> int:
         fields["max_completion_length"] = min(fields.get("max_completion_length", 64), QUICK["max_completion_length"])
     if args.max_completion_length:
         fields["max_completion_length"] = args.max_completion_length
-    fields.setdefault("num_generations", 4)
+    if args.num_generations:
+        fields["num_generations"] = args.num_generations
+    fields.setdefault("num_generations", 4)  # the README's quick start and the paper's N = 4
     config = OTBConfig(output_dir=tempfile.mkdtemp(prefix="trl-otb-gradient-check-"),
                        **{k: v for k, v in fields.items() if k != "output_dir"})  # fmt: skip
     from ..models import load_model_and_tokenizer
