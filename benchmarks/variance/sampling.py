@@ -88,7 +88,7 @@ def setup(quick: bool, num_prompts: int, seed: int, task: str = "math", count_ta
     return model, tokenizer, prompts, reward
 
 
-STUDY_TASKS = {"study-ramble": "ramble", "study-copy": "copy"}
+STUDY_TASKS = {"study-ramble": "ramble", "study-copy": "copy", "study-long_right": "long_right"}
 """The training study's tasks (``study_task.py``), on its warm-started policy of ``--seed``."""
 
 

@@ -1,12 +1,13 @@
 """The pre-screen's partly trained policies: a few steps of TRL's GRPO (std-scaled, N = 4), saved as a state dict
 that ``python -m benchmarks.variance --checkpoint`` loads before sampling its pools.
 
-    PYTHONPATH=. python research/estimator_study/prescreen/checkpoint.py ramble   # the 2-layer toy
+    PYTHONPATH=. python research/estimator_study/prescreen/checkpoint.py ramble   # the 2-layer toy; long_right, copy
     PYTHONPATH=. python research/estimator_study/prescreen/checkpoint.py count    # SmolLM2-135M
 
 - ``ramble``: seed 0's warm-started 2-layer policy (``benchmarks.study_task.warm_start``, what ``--task
   study-ramble --seed 0`` measures), then ``RAMBLE["steps"]`` steps of the first study's ``grpo_N4`` arm in its
   cell ``long`` (learning rate 1e-3, constant, 4 prompts per step): about a third of that cell's 120k-token budget.
+  ``long_right`` and ``copy`` (study 4's other training tasks) are trained the same way on their own task.
 - ``count``: the embedded SmolLM2-135M-Instruct (what ``--task count`` measures), then ``COUNT["steps"]`` steps of
   the real-model study's reach design, arm ``grpo_N4`` at its pilot-chosen rate 1e-5 (``make_trainer``: 2 prompts of
   n in 36..64 per step, 256 tokens, temperature 0.7). Both variance count tasks load the same weights.
@@ -29,11 +30,11 @@ RAMBLE = {"seed": 0, "steps": 15, "learning_rate": 1e-3, "num_generations": 4, "
 COUNT = {"seed": 0, "steps": 3, "learning_rate": 1e-5}
 
 
-def ramble_checkpoint(workdir: Path):
+def toy_checkpoint(workdir: Path, name: str = "ramble"):
     from benchmarks import study_task
     from trl_otb import OTBConfig, OTBTrainer
 
-    task = study_task.TASKS["ramble"]
+    task = study_task.TASKS[name]
     model, tok = study_task.warm_start(RAMBLE["seed"], Path(".cache/training_study"))
     train_patterns, _ = study_task.split_patterns(RAMBLE["seed"])
     N = RAMBLE["num_generations"]
@@ -92,8 +93,10 @@ def main(name: str) -> None:
     torch.set_num_threads(1)
     CACHE.mkdir(parents=True, exist_ok=True)
     start = time.process_time()
-    make = {"ramble": ramble_checkpoint, "count": count_checkpoint}[name]
-    model, trainer, settings = make(CACHE / f"{name}-work")
+    if name == "count":
+        model, trainer, settings = count_checkpoint(CACHE / f"{name}-work")
+    else:
+        model, trainer, settings = toy_checkpoint(CACHE / f"{name}-work", name)
     path = CACHE / f"{name}_grpo.pt"
     torch.save(model.state_dict(), path)
     logs = [

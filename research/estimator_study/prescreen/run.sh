@@ -15,6 +15,8 @@ REACH=(--task count --pool 12 --horizons 256 --temperature 0.7 --cache .cache/va
 COUNT=(--task count --pool 12 --horizons 256 512 1024)
 MATH=(--task math --horizons 64 256 --spaces lm_head)
 RAMBLE=(--task study-ramble --seed 0 --cache .cache/training_study/variance)
+LONG_RIGHT=(--task study-long_right --seed 0 --cache .cache/training_study/variance --Ns 4 --groups 400)
+COPY=(--task study-copy --seed 0 --cache .cache/training_study/variance --Ns 4 --groups 400)
 
 run() {  # run STEM ARGS...: one variance run unless its JSON exists
   local stem=$1; shift
@@ -35,6 +37,13 @@ run prescreen_ramble_trained "${RAMBLE[@]}" --checkpoint .cache/estimator_study/
 # N = 4 (the study's arms) with 400 groups per prompt: cos to about +-0.01, for the gate (cos >= 0.99)
 run prescreen_ramble_init_n4g400 "${RAMBLE[@]}" --Ns 4 --groups 400
 run prescreen_ramble_trained_n4g400 "${RAMBLE[@]}" --Ns 4 --groups 400 --checkpoint .cache/estimator_study/ramble_grpo.pt
+# the other two training tasks (study 4's long_right and short cells), N = 4 with 400 groups as ramble's gate runs
+run prescreen_long_right_init "${LONG_RIGHT[@]}"
+if [[ -z "$ONLY" || "prescreen_long_right_trained" == *"$ONLY"* ]]; then checkpoint long_right; fi
+run prescreen_long_right_trained "${LONG_RIGHT[@]}" --checkpoint .cache/estimator_study/long_right_grpo.pt
+run prescreen_copy_init "${COPY[@]}"
+if [[ -z "$ONLY" || "prescreen_copy_trained" == *"$ONLY"* ]]; then checkpoint copy; fi
+run prescreen_copy_trained "${COPY[@]}" --checkpoint .cache/estimator_study/copy_grpo.pt
 run prescreen_reach_init "${REACH[@]}"
 run prescreen_math_init "${MATH[@]}"
 run prescreen_count_init "${COUNT[@]}"
