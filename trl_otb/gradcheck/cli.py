@@ -74,7 +74,7 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
         raise ValueError(f"params={params!r}: choose one of {SPACES}.")
     batch = batch_groups or max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps // N)
     settings = {
-        "model": str(getattr(model.config, "_name_or_path", "")), "params": params, "pool_size": pool_size,
+        "model": _model_name(model), "params": params, "pool_size": pool_size,
         "max_completion_length": args.max_completion_length, "temperature": trainer.temperature, "seed": seed,
         "kappa_dim": kappa_dim, "sketch_dim": sketch_dim if params != "head" else 0,
     }  # fmt: skip
@@ -134,6 +134,15 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     if out is not None:
         Path(out, "gradient_check.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _model_name(model) -> str:
+    """The model's name or path; the embedded model by its display name (not its cache path)."""
+    from ..models import EMBEDDED_MODEL_NAME, is_embedded_checkpoint
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = str(getattr(base.config, "_name_or_path", ""))
+    return EMBEDDED_MODEL_NAME if name and is_embedded_checkpoint(name) else name
 
 
 def _first_rows(dataset, prompts: int, seed: int) -> list[dict]:
