@@ -100,7 +100,7 @@ def _spearman(a: list[float], b: list[float]) -> float:
     return float((ra @ rb) / (ra.norm() * rb.norm()))
 
 
-def summary(out: Path) -> dict:
+def summary(out: Path, results: Path = RESULTS) -> dict:
     """Per cell and space: cos and eps_star per estimator; the variance tool's for the same cell; the Spearman
     correlation of the estimators' eps_star ranking between spaces."""
     prescreen = Path(__file__).resolve().parents[1] / "research" / "estimator_study" / "prescreen"
@@ -133,7 +133,7 @@ def summary(out: Path) -> dict:
                 eb = [entry["spaces"][b]["rows"][e]["eps_star"] for e in ESTIMATORS]
                 entry["rank_agreement"][f"{a} vs {b}"] = _spearman(ea, eb)
         result["cells"][cell] = entry
-    write_json(RESULTS, result)
+    write_json(results, result)
     return result
 
 
