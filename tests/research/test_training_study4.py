@@ -136,3 +136,21 @@ def test_long_rights_target_is_the_one_study_2_recorded(tmp_path):
     assert rates["targets"]["long_right"] is not None  # the precondition: study 2 recorded one
     assert study4.base_cell("long_right", False, tmp_path)["target"] == rates["targets"]["long_right"]
     assert study4.base_cell("long", False, tmp_path)["target"] == STUDY2["cells"]["long"]["target"]
+
+
+def test_prediction_p1_compares_the_two_rankings_on_the_mean_over_cells():
+    arms = ["grpo_N4", "grpo_unscaled_N4", "otb_default", "otb_loo_mean"]
+    eps = dict(zip(arms, [0.8, 0.5, 0.6, 0.4]))
+    mse = dict(zip(arms, [0.1, 0.9, 0.2, 0.8]))  # raw MSE ranks them the other way
+    init = {a: {"eps_star": eps[a], "raw_mse": mse[a]} for a in arms}
+    prescreen = {"cells": {c: {"init": init} for c in ("ramble", "study-long_right", "study-copy")}}
+
+    def cells(auc):
+        return {c: {"arms": {a: {"auc_mean": auc[a]} for a in arms}} for c in STUDY4["cells"]}
+
+    by_eps = study4.prediction_p1(cells({a: 1 - eps[a] for a in arms}), prescreen)
+    assert by_eps["held"] and by_eps["mean_eps_star"] == pytest.approx(1.0)
+    assert by_eps["cells"]["long_high_lr"]["arms"] == arms  # ramble's pre-screen, as pre-registered
+    by_mse = study4.prediction_p1(cells({a: 1 - mse[a] for a in arms}), prescreen)
+    assert by_mse["held"] is False and by_mse["mean_raw_mse"] == pytest.approx(1.0)
+    assert study4.prediction_p1({"long": {}}, prescreen)["held"] is None

@@ -49,6 +49,9 @@ def _point(stem: str, horizon: str | None) -> dict | None:
     entry = space[horizon] if horizon else next(iter(space.values()))
     table, paired = entry["yardstick"]["table"], entry["yardstick"]["paired"]
     rows = {arm: {k: table[f"N=4/{est}"][k] for k in KEYS} for arm, est in ARMS.items() if f"N=4/{est}" in table}
+    for arm, est in ARMS.items():  # raw MSE at one group (the variance table's, for prediction P1)
+        if arm in rows and f"N=4/{est}" in entry.get("table", {}):
+            rows[arm]["raw_mse"] = entry["table"][f"N=4/{est}"]["mse"]
     for arm, est in ARMS.items():  # eps_star minus unscaled GRPO's, on the same resamples
         pair = paired.get(f"N=4/{est}-grpo", {}).get("eps_star")
         if arm in rows and pair:

@@ -181,6 +181,52 @@ def decide(cells: dict, gates: dict) -> dict:
     return {"arm": chosen, "config": ARMS4[chosen], "reasons": [*reasons, f"chosen: {chosen}"]}
 
 
+PRESCREEN_CELL = {"long": "ramble", "long_right": "study-long_right", "short": "study-copy", "long_high_lr": "ramble"}
+"""Each training cell's pre-screen cell (STUDY4['prescreen']['prediction']: long_high_lr uses ramble's)."""
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        out = [0.0] * len(x)
+        i = 0
+        while i < len(order):  # average ranks over ties
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / den if den else float("nan")
+
+
+def prediction_p1(cells: dict, prescreen: dict | None) -> dict:
+    """P1 (STUDY4['prescreen']['prediction']): per training cell, the Spearman correlation over the arms between
+    -eps_star at the initial policy (the cell's pre-screen cell) and the arm's mean auc, and that between -raw MSE
+    and the mean auc; held if the first is higher on the mean over the cells. None until every cell is summarised."""
+    if set(cells) != set(STUDY4["cells"]) or not prescreen:
+        return {"held": None, "reason": "the study or the pre-screen has not finished every cell"}
+    per_cell = {}
+    for cell, summary in cells.items():
+        init = prescreen.get("cells", {}).get(PRESCREEN_CELL[cell], {}).get("init", {})
+        arms = [a for a in summary["arms"] if a in init and "raw_mse" in init[a]]
+        auc = [summary["arms"][a]["auc_mean"] for a in arms]
+        per_cell[cell] = {
+            "arms": arms,
+            "eps_star": _spearman([-init[a]["eps_star"] for a in arms], auc),
+            "raw_mse": _spearman([-init[a]["raw_mse"] for a in arms], auc),
+        }
+    mean_eps = sum(c["eps_star"] for c in per_cell.values()) / len(per_cell)
+    mean_mse = sum(c["raw_mse"] for c in per_cell.values()) / len(per_cell)
+    return {"held": mean_eps > mean_mse, "mean_eps_star": mean_eps, "mean_raw_mse": mean_mse, "cells": per_cell}
+
+
 def summarise4(out: Path, quick: bool, meta: dict, prescreen: dict | None = None) -> dict:
     tuning, rates = summarise_tuning(out, quick)
     summary = {"meta": meta, "preregistration": STUDY4, "tuning": tuning, "rates": rates, "cells": {}}
@@ -190,6 +236,7 @@ def summarise4(out: Path, quick: bool, meta: dict, prescreen: dict | None = None
             spec = dict(base_cell(cell, quick, out), learning_rate=None)
             summary["cells"][cell] = summarise_cell4(runs, spec)
     summary["gate"] = gate(prescreen)
+    summary["prediction_p1"] = None if quick else prediction_p1(summary["cells"], prescreen)
     summary["decision"] = None if quick else decide(summary["cells"], summary["gate"])
     write_json(Path(out) / f"{_folder(quick)}.json", summary)
     return summary
