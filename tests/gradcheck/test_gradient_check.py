@@ -110,6 +110,24 @@ def test_a_streamed_dataset_is_read_in_order(tmp_path):
     assert report["meta"]["prompts"] == 3 and "grpo" in report["rows"]
 
 
+def test_a_launch_with_several_processes_is_refused(tmp_path, monkeypatch):
+    import types
+
+    from trl_otb.gradcheck import cli
+
+    real = cli.check_trainer
+
+    def two_processes(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        assert trainer.accelerator.num_processes == 1  # precondition: the test itself runs in one process
+        trainer.accelerator = types.SimpleNamespace(num_processes=2)
+        return trainer
+
+    monkeypatch.setattr(cli, "check_trainer", two_processes)
+    with pytest.raises(ValueError, match="runs in one process"):
+        check(tmp_path)
+
+
 def test_a_config_the_trainer_refuses_is_refused_with_the_trainers_message(tmp_path):
     from trl import GRPOConfig
 

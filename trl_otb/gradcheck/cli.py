@@ -68,6 +68,11 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
         raise ValueError(f"prompts={prompts}: an interval needs at least 2 prompts whose rewards differ; pass more.")
     trainer = check_trainer(model, reward_funcs, train_dataset, args, pool_size,
                             processing_class=processing_class, peft_config=peft_config)  # fmt: skip
+    if trainer.accelerator.num_processes > 1:
+        raise ValueError(
+            f"gradient-check runs in one process (this launch has {trainer.accelerator.num_processes}): start it with "
+            "`trl-otb gradient-check` or `python`, not `accelerate launch` with several processes."
+        )
     model = trainer.model
     params = params or ("adapter" if is_peft_model(model) else "head")
     if params not in SPACES:
