@@ -102,6 +102,15 @@ def test_bad_input_gets_a_clear_answer(tmp_path):
         check(tmp_path, prompts=40)
 
 
+def test_a_per_sequence_loss_is_warned_about(tmp_path):
+    model, tokenizer = tiny_model_and_tokenizer()
+    assert make_args(tmp_path).loss_type != "grpo"  # precondition: the tests' default loss is not the warned one
+    with pytest.warns(UserWarning, match="loss_type='grpo'"):
+        gradient_check(model, varied_reward, prompts_dataset(), make_args(tmp_path, loss_type="grpo"),
+                       processing_class=tokenizer, prompts=3, pool_size=8, num_groups=16, bootstrap=50,
+                       progress=False, kappa_dim=256)  # fmt: skip
+
+
 def test_a_streamed_dataset_is_read_in_order(tmp_path):
     model, tokenizer = tiny_model_and_tokenizer()
     streamed = prompts_dataset().to_iterable_dataset()

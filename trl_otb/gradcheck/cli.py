@@ -66,6 +66,12 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
         raise ValueError(f"pool_size ({pool_size}) must be at least num_generations ({N}): groups are drawn from it.")
     if prompts < 2:
         raise ValueError(f"prompts={prompts}: an interval needs at least 2 prompts whose rewards differ; pass more.")
+    if getattr(args, "loss_type", None) == "grpo":
+        warnings.warn(
+            "loss_type='grpo' divides each completion's loss by its length; gradient-check measures the sum over "
+            "tokens (the direction of 'dapo', 'bnpo' and 'dr_grpo'), so its numbers describe those losses.",
+            stacklevel=2,
+        )
     trainer = check_trainer(model, reward_funcs, train_dataset, args, pool_size,
                             processing_class=processing_class, peft_config=peft_config)  # fmt: skip
     if trainer.accelerator.num_processes > 1:
