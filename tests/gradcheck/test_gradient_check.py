@@ -245,3 +245,25 @@ def test_per_token_gradients_are_each_tokens_own_exactly(space):
         torch.testing.assert_close(S[t], exact, rtol=1e-4, atol=1e-6)
         nearest = (exact[None, :] - X[t][:, None]).abs().min(1).values
         assert nearest.max() <= 1e-5 * exact.abs().max()
+
+
+def test_the_check_leaves_no_scratch_directory_behind_even_when_it_refuses(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    seen = []
+    real = tempfile.TemporaryDirectory
+
+    def recording(*args, **kwargs):
+        made = real(*args, **kwargs)
+        seen.append(made.name)
+        return made
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recording)
+    check(tmp_path)
+    with pytest.raises(ValueError, match="Every one of the"):
+        check(tmp_path, reward=tied_reward)
+    assert len(seen) == 2 and all(name.startswith(str(scratch_root)) for name in seen)  # precondition: both used one
+    assert list(scratch_root.iterdir()) == []

@@ -60,91 +60,98 @@ def gradient_check(model, reward_funcs, train_dataset, args: OTBConfig | None = 
     """
     from accelerate.utils import is_peft_model
 
-    args = args or OTBConfig(output_dir=tempfile.mkdtemp(prefix="trl-otb-gradient-check-"))
-    N = args.num_generations
-    if pool_size < N:
-        raise ValueError(f"pool_size ({pool_size}) must be at least num_generations ({N}): groups are drawn from it.")
-    if prompts < 2:
-        raise ValueError(f"prompts={prompts}: an interval needs at least 2 prompts whose rewards differ; pass more.")
-    if getattr(args, "loss_type", None) == "grpo":
-        warnings.warn(
-            "loss_type='grpo' divides each completion's loss by its length; gradient-check measures the sum over "
-            "tokens (the direction of 'dapo', 'bnpo' and 'dr_grpo'), so its numbers describe those losses.",
-            stacklevel=2,
-        )
-    trainer = check_trainer(model, reward_funcs, train_dataset, args, pool_size,
-                            processing_class=processing_class, peft_config=peft_config)  # fmt: skip
-    if trainer.accelerator.num_processes > 1:
-        raise ValueError(
-            f"gradient-check runs in one process (this launch has {trainer.accelerator.num_processes}): start it with "
-            "`trl-otb gradient-check` or `python`, not `accelerate launch` with several processes."
-        )
-    model = trainer.model
-    params = params or ("adapter" if is_peft_model(model) else "head")
-    if params not in SPACES:
-        raise ValueError(f"params={params!r}: choose one of {SPACES}.")
-    batch = batch_groups or max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps // N)
-    settings = {
-        "model": _model_name(model), "params": params, "pool_size": pool_size,
-        "max_completion_length": args.max_completion_length, "temperature": trainer.temperature, "seed": seed,
-        "kappa_dim": kappa_dim, "sketch_dim": sketch_dim if params != "head" else 0,
-    }  # fmt: skip
-    cache = _pool_cache(out, {k: settings[k] for k in POOL_SETTINGS})
-    rows = _first_rows(trainer.train_dataset, prompts, seed)
-    estimators = estimators_for(args)
-    start, cells, unscorable, reused = time.perf_counter(), [], 0, 0
-    bar = _progress(prompts, progress)
-    for i in range(prompts):
-        pool_path = None if cache is None else cache / f"p{i:04d}.pt"
-        space_path = None if cache is None else cache / f"p{i:04d}-{params}-k{kappa_dim}-s{settings['sketch_dim']}.pt"
-        if pool_path is not None and pool_path.exists():
-            pool, reused = torch.load(pool_path, weights_only=False), reused + 1
-        else:
-            bar.set_description(f"prompt {i + 1}/{prompts}: sampling")
-            pool = draw_pool(trainer, rows[i], pool_size, seed * 100_003 + i)
-            if pool_path is not None:
-                torch.save(pool, pool_path)
-        if space_path is not None and space_path.exists():
-            space = torch.load(space_path, weights_only=False)
-        else:
-            bar.set_description(f"prompt {i + 1}/{prompts}: gradients ({params})")
-            space = space_data(model, pool, params, trainer.temperature, kappa_dim=kappa_dim,
-                               sketch_dim=sketch_dim, seed=seed + i)  # fmt: skip
-            if space_path is not None:
-                torch.save(space, space_path)
-        unscorable += int((~torch.isfinite(pool["rewards"])).sum())
-        generator = torch.Generator().manual_seed(seed * 7919 + i)  # each prompt's groups: extending keeps them
-        cells.append(prompt_cells(space, pool, N, num_groups, generator, estimators))
-        bar.update(1)
-    bar.close()
-    informative = [c for c in cells if c is not None]
-    if not informative:
-        raise ValueError(
-            f"Every one of the {prompts} pools tied (all scorable completions of a prompt got the same reward): no "
-            "estimator has a gradient there, so none can be compared. Use prompts the model sometimes solves, a "
-            "reward with more levels, or more prompts."
-        )
-    if len(informative) < 2:
-        raise ValueError(f"Only 1 of {prompts} prompts has rewards that differ; an interval needs 2 or more: pass more prompts.")  # fmt: skip
-    rows, paired = summarise(informative, estimators, batch, bootstrap, seed)
-    report = {
-        "meta": {
-            **settings, "num_generations": N, "batch_groups": batch, "num_groups": num_groups, "bootstrap": bootstrap,
-            "prompts": prompts, "informative_prompts": len(informative), "unscorable_completions": unscorable,
-            "estimators": {name: {"estimator": e, "options": o} for name, (e, o) in estimators.items()},
-            "seconds": round(time.perf_counter() - start, 1), "pools_read_back": reused, "command": _command_line(),
-        },
-        "rows": rows,
-        "paired": paired,
-        "reading": reading(paired),
-    }  # fmt: skip
-    if len(informative) < 4:
-        warnings.warn(
-            f"Only {len(informative)} prompts had rewards that differ: the intervals are wide.", stacklevel=2
-        )
-    if out is not None:
-        Path(out, "gradient_check.json").write_text(json.dumps(report, indent=1) + "\n")
-    return report
+    with tempfile.TemporaryDirectory(prefix="trl-otb-gradient-check-") as scratch:  # the trainer's output_dir
+        args = args or OTBConfig(output_dir=scratch, **({} if torch.cuda.is_available() else CPU_DEFAULTS))
+        N = args.num_generations
+        if pool_size < N:
+            raise ValueError(
+                f"pool_size ({pool_size}) must be at least num_generations ({N}): groups are drawn from it."
+            )
+        if prompts < 2:
+            raise ValueError(
+                f"prompts={prompts}: an interval needs at least 2 prompts whose rewards differ; pass more."
+            )
+        if getattr(args, "loss_type", None) == "grpo":
+            warnings.warn(
+                "loss_type='grpo' divides each completion's loss by its length; gradient-check measures the sum over "
+                "tokens (the direction of 'dapo', 'bnpo' and 'dr_grpo'), so its numbers describe those losses.",
+                stacklevel=2,
+            )
+        trainer = check_trainer(model, reward_funcs, train_dataset, args, pool_size, scratch,
+                                processing_class=processing_class, peft_config=peft_config)  # fmt: skip
+        if trainer.accelerator.num_processes > 1:
+            raise ValueError(
+                f"gradient-check runs in one process (this launch has {trainer.accelerator.num_processes}): start it with "
+                "`trl-otb gradient-check` or `python`, not `accelerate launch` with several processes."
+            )
+        model = trainer.model
+        params = params or ("adapter" if is_peft_model(model) else "head")
+        if params not in SPACES:
+            raise ValueError(f"params={params!r}: choose one of {SPACES}.")
+        batch = batch_groups or max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps // N)
+        settings = {
+            "model": _model_name(model), "params": params, "pool_size": pool_size,
+            "max_completion_length": args.max_completion_length, "temperature": trainer.temperature, "seed": seed,
+            "kappa_dim": kappa_dim, "sketch_dim": sketch_dim if params != "head" else 0,
+        }  # fmt: skip
+        cache = _pool_cache(out, {k: settings[k] for k in POOL_SETTINGS})
+        rows = _first_rows(trainer.train_dataset, prompts, seed)
+        estimators = estimators_for(args)
+        start, cells, unscorable, reused = time.perf_counter(), [], 0, 0
+        bar = _progress(prompts, progress)
+        for i in range(prompts):
+            pool_path = None if cache is None else cache / f"p{i:04d}.pt"
+            space_path = (
+                None if cache is None else cache / f"p{i:04d}-{params}-k{kappa_dim}-s{settings['sketch_dim']}.pt"
+            )
+            if pool_path is not None and pool_path.exists():
+                pool, reused = torch.load(pool_path, weights_only=False), reused + 1
+            else:
+                bar.set_description(f"prompt {i + 1}/{prompts}: sampling")
+                pool = draw_pool(trainer, rows[i], pool_size, seed * 100_003 + i)
+                if pool_path is not None:
+                    torch.save(pool, pool_path)
+            if space_path is not None and space_path.exists():
+                space = torch.load(space_path, weights_only=False)
+            else:
+                bar.set_description(f"prompt {i + 1}/{prompts}: gradients ({params})")
+                space = space_data(model, pool, params, trainer.temperature, kappa_dim=kappa_dim,
+                                   sketch_dim=sketch_dim, seed=seed + i)  # fmt: skip
+                if space_path is not None:
+                    torch.save(space, space_path)
+            unscorable += int((~torch.isfinite(pool["rewards"])).sum())
+            generator = torch.Generator().manual_seed(seed * 7919 + i)  # each prompt's groups: extending keeps them
+            cells.append(prompt_cells(space, pool, N, num_groups, generator, estimators))
+            bar.update(1)
+        bar.close()
+        informative = [c for c in cells if c is not None]
+        if not informative:
+            raise ValueError(
+                f"Every one of the {prompts} pools tied (all scorable completions of a prompt got the same reward): no "
+                "estimator has a gradient there, so none can be compared. Use prompts the model sometimes solves, a "
+                "reward with more levels, or more prompts."
+            )
+        if len(informative) < 2:
+            raise ValueError(f"Only 1 of {prompts} prompts has rewards that differ; an interval needs 2 or more: pass more prompts.")  # fmt: skip
+        rows, paired = summarise(informative, estimators, batch, bootstrap, seed)
+        report = {
+            "meta": {
+                **settings, "num_generations": N, "batch_groups": batch, "num_groups": num_groups, "bootstrap": bootstrap,
+                "prompts": prompts, "informative_prompts": len(informative), "unscorable_completions": unscorable,
+                "estimators": {name: {"estimator": e, "options": o} for name, (e, o) in estimators.items()},
+                "seconds": round(time.perf_counter() - start, 1), "pools_read_back": reused, "command": _command_line(),
+            },
+            "rows": rows,
+            "paired": paired,
+            "reading": reading(paired),
+        }  # fmt: skip
+        if len(informative) < 4:
+            warnings.warn(
+                f"Only {len(informative)} prompts had rewards that differ: the intervals are wide.", stacklevel=2
+            )
+        if out is not None:
+            Path(out, "gradient_check.json").write_text(json.dumps(report, indent=1) + "\n")
+        return report
 
 
 def _model_name(model) -> str:
@@ -344,8 +351,7 @@ def _command(args) -> int:
     if args.num_generations:
         fields["num_generations"] = args.num_generations
     fields.setdefault("num_generations", 4)  # the README's quick start and the paper's N = 4
-    config = OTBConfig(output_dir=tempfile.mkdtemp(prefix="trl-otb-gradient-check-"),
-                       **{k: v for k, v in fields.items() if k != "output_dir"})  # fmt: skip
+    config = OTBConfig(output_dir=None, **{k: v for k, v in fields.items() if k != "output_dir"})  # the check's own
     from ..models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model or other.get("model_name_or_path"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import tempfile
 
 import torch
 
@@ -27,16 +26,17 @@ SPACES = ("head", "adapter", "last-block")
 weight of the last decoder block."""
 
 
-def check_trainer(model, reward_funcs, dataset, args: OTBConfig, pool_size: int, **trainer_kwargs):
+def check_trainer(model, reward_funcs, dataset, args: OTBConfig, pool_size: int, output_dir: str, **trainer_kwargs):
     """An ``OTBTrainer`` that draws one prompt's pool of ``pool_size`` completions per generation batch, with
-    ``args``'s settings otherwise (its estimator made OTB's so that the rollout pass records w_t)."""
+    ``args``'s settings otherwise (its estimator made OTB's so that the rollout pass records w_t), writing nothing but
+    TRL's scratch files, into ``output_dir``."""
     from ..trainer import OTBTrainer
 
     if not isinstance(args, OTBConfig):  # refused by the trainer, with its message
         OTBTrainer(model, reward_funcs, args=args, train_dataset=dataset, **trainer_kwargs)
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
     fields.update(
-        output_dir=tempfile.mkdtemp(prefix="trl-otb-gradient-check-"),
+        output_dir=output_dir,
         advantage_estimator="otb",
         otb_proxy="logit",
         num_generations=pool_size,
