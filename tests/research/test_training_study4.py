@@ -129,6 +129,8 @@ def test_study4_quick_mode_tunes_every_task_runs_every_cell_and_resumes(tmp_path
     record = json.loads((tmp_path / "training_study4_quick" / "long" / "otb_default-s0.json").read_text())
     assert record["arm_spec"] == ARMS4["otb_default"]
     assert summary["meta"]["command"].startswith("python -m research.harness.training_study --study 4 --quick")
+    for figure in ("training_study4_quick.png", "training_study4_quick_auc.png"):  # the curves and the differences
+        assert (tmp_path / figure).stat().st_size > 10_000
 
 
 def test_long_rights_target_is_the_one_study_2_recorded(tmp_path):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.common import command, write_json
-from research.harness.training_study.analysis import paired_bootstrap, print_cells
+from benchmarks.common import command, pyplot, save_figure, write_json
+from research.harness.training_study.analysis import paired_bootstrap, plot, print_cells
 from research.harness.training_study.preregistration2 import LEARNING_RATES_FILE, QUICK2, STUDY2
 from research.harness.training_study.preregistration4 import ARMS4, QUICK4, STUDY4, UNBIASED_BY_CONSTRUCTION
 from research.harness.training_study.runs import job_for, run_jobs, run_path
@@ -239,7 +239,37 @@ def summarise4(out: Path, quick: bool, meta: dict, prescreen: dict | None = None
     summary["prediction_p1"] = None if quick else prediction_p1(summary["cells"], prescreen)
     summary["decision"] = None if quick else decide(summary["cells"], summary["gate"])
     write_json(Path(out) / f"{_folder(quick)}.json", summary)
+    runs = {cell: _load_runs(out, quick, cell) for cell in summary["cells"]}
+    try:
+        specs = {cell: dict(base_cell(cell, quick, out), learning_rate=None) for cell in summary["cells"]}
+        plot(runs, specs, Path(out) / f"{_folder(quick)}.png", list(ARMS4))
+        plot_differences(summary, Path(out) / f"{_folder(quick)}_auc.png")
+    except ImportError as error:  # matplotlib is in the dev extra
+        print(error)
     return summary
+
+
+def plot_differences(summary: dict, path: Path) -> None:
+    """Per cell, each arm's auc minus grpo_N4's (paired by seed) with its 95% interval; stuck runs in the label."""
+    cells = [c for c in summary["cells"] if summary["cells"][c]["paired"]]
+    if not cells:
+        return
+    arms = [a for a in ARMS4 if a != "grpo_N4"]
+    fig, axes = pyplot().subplots(1, len(cells), figsize=(4.2 * len(cells), 3.2), squeeze=False, sharey=True)
+    for ax, cell in zip(axes[0], cells):
+        res = summary["cells"][cell]
+        for y, arm in enumerate(arms):
+            auc = res["paired"].get(f"{arm}-grpo_N4", {}).get("auc")
+            if auc is None:
+                continue
+            ax.errorbar(auc["mean"], y, xerr=[[auc["mean"] - auc["ci"][0]], [auc["ci"][1] - auc["mean"]]],
+                        fmt="o", color=f"C{y}", capsize=3)  # fmt: skip
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.locator_params(axis="x", nbins=4)
+        ax.set_yticks(range(len(arms)), [f"{a} ({res['arms'].get(a, {}).get('stuck', '-')} stuck)" for a in arms])
+        base = res["arms"]["grpo_N4"]
+        ax.set(title=f"{cell} (grpo_N4: {base['stuck']} stuck)", xlabel="auc minus TRL's GRPO (95% interval)")
+    save_figure(fig, path)
 
 
 def jobs_to_run4(args, rates: dict, tuning: dict) -> list[dict]:
