@@ -335,6 +335,7 @@ def constant_reward(completions, **kwargs):
 @pytest.mark.parametrize(
     "estimator,options",
     [
+        ("otb", {}),  # OTBConfig's default OTB options: a tie moves nothing with what a user gets without choosing
         ("grpo", {}),
         ("rloo", {}),
         ("ogb", {}),
