@@ -40,6 +40,7 @@ from research.report.study2 import (
     study2_readme_table,
     study3_table,
 )
+from research.report.study4 import STUDY4_BLOCKS
 from research.report.tables import ROOT, Context
 from research.report.training import (
     efficiency_table,
@@ -117,6 +118,7 @@ BLOCKS = {
     "prescreen-yardstick": prescreen_yardstick,
     "gradient-check-example": gradient_check_example,
     "gradient-check-tasks": gradient_check_tasks,
+    **STUDY4_BLOCKS,
 }
 
 

@@ -97,6 +97,10 @@ def test_the_decision_takes_the_best_gate_passing_candidate_unless_the_default_w
     cells = {c: _cell(even) for c in STUDY4["cells"]}
     decision = study4.decide(cells, gates)
     assert decision["arm"] == "otb_loo_ess" and decision["config"] == ARMS4["otb_loo_ess"]
+    table = decision["table"]
+    assert table["otb_loo_ess"]["mean_auc"] == pytest.approx(0.6) and table["otb_loo_ess"]["gate"] is True
+    assert table["grpo_N4"]["gate"] is None and table["otb_default"]["cells_otb_default_beats_it"] is None
+    assert table["otb_loo_mean"]["cells_otb_default_beats_it"] == 0 and table["grpo_N4"]["stuck_or_collapsed"] == 0
     stuck = {c: _cell(even, stuck={"otb_loo_ess": 1}) for c in STUDY4["cells"]}
     assert study4.decide(stuck, gates)["arm"] == "otb_loo_mean"  # more stuck runs than TRL's GRPO: out
     noisy = [0.9 + 0.01 * (s % 3) for s in range(10)]

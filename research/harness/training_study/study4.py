@@ -172,13 +172,25 @@ def decide(cells: dict, gates: dict) -> dict:
             diffs = [c["arms"]["otb_default"]["per_seed_auc"][s] - c["arms"][arm]["per_seed_auc"][s] for s in seeds]
             wins += bool(diffs) and paired_bootstrap(diffs)["ci"][0] > 0
         beaten[arm] = wins
+    table = {
+        arm: {
+            "gate": gates.get(arm) if arm in STUDY4["candidates"] else None,
+            "mean_auc": sum(c["arms"][arm]["auc_mean"] for c in cells.values()) / len(cells),
+            "stuck_or_collapsed": bad(arm),
+            "runs": sum(c["arms"][arm]["runs"] for c in cells.values()),
+            "cells_otb_default_beats_it": beaten.get(arm),
+        }
+        for arm in ARMS4
+        if all(arm in c["arms"] for c in cells.values())
+    }  # every arm's side of the rule, for the report
     if beaten and all(w >= 2 for w in beaten.values()) and "otb_default" in cells["long"]["arms"]:
         reasons.append(f"falsification: otb_default beat every gate-passing candidate in >= 2 cells ({beaten})")
-        return {"arm": "otb_default", "reasons": reasons, "bias_helps": True}
+        return {"arm": "otb_default", "reasons": reasons, "bias_helps": True, "table": table}
     if not qualified:
-        return {"arm": None, "reasons": [*reasons, "no gate-passing candidate has as few stuck/collapsed as grpo_N4"]}
+        reasons.append("no gate-passing candidate has as few stuck/collapsed as grpo_N4")
+        return {"arm": None, "reasons": reasons, "table": table}
     chosen = max(qualified, key=lambda a: (mean_auc[a], a))
-    return {"arm": chosen, "config": ARMS4[chosen], "reasons": [*reasons, f"chosen: {chosen}"]}
+    return {"arm": chosen, "config": ARMS4[chosen], "reasons": [*reasons, f"chosen: {chosen}"], "table": table}
 
 
 PRESCREEN_CELL = {"long": "ramble", "long_right": "study-long_right", "short": "study-copy", "long_high_lr": "ramble"}
