@@ -340,7 +340,7 @@ def constant_reward(completions, **kwargs):
         ("rloo", {}),
         ("ogb", {}),
         *[("otb", {"otb_tail": tail}) for tail in SHIFT_INVARIANT_TAILS],
-        ("otb", {"otb_tail": "group_mean", "otb_leave_one_out": True}),
+        ("otb", {"otb_tail": "others_mean", "otb_leave_one_out": True}),
     ],
 )
 def test_tied_rewards_move_no_parameter(tiny_model_dir, tmp_path, estimator, options):
@@ -377,7 +377,7 @@ def huge_reward(completions, **kwargs):
 
 
 def test_a_non_finite_gradient_norm_is_warned_and_counted(tiny_model_dir, tmp_path):
-    args = make_args(tmp_path, otb_tail="group_mean", max_steps=2, learning_rate=1e-3)
+    args = make_args(tmp_path, otb_tail="others_mean", max_steps=2, learning_rate=1e-3)
     trainer = OTBTrainer(tiny_model_dir, reward_funcs=huge_reward, args=args, train_dataset=prompts_dataset())
     with pytest.warns(NonFiniteGradientWarning, match="Rescale the reward"):
         trainer.train()

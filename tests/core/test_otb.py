@@ -15,12 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_otb import (
+    OTBConfig,
     compute_advantages,
     grpo_advantages,
     otb_advantages,
     otb_terms,
 )
-from trl_otb.core import SHIFT_INVARIANT_TAILS, TAILS, uniform_proxy
+from trl_otb.core import REMOVED_TAILS, SHIFT_INVARIANT_TAILS, TAILS, uniform_proxy
 from trl_otb.core.spec import aligned_positions, reference_otb
 
 from .tensor_helpers import assert_close, draw_mask_row, ids, t64
@@ -787,11 +788,15 @@ def test_others_mean_singleton_group_gets_zero():
         assert (adv == 0).all()
 
 
-@SETTINGS
-@given(x=otb_inputs(), align=st.sampled_from(["position", "valid"]))
-def test_others_mean_equals_group_mean_under_leave_one_out(x, align):
-    options = dict(align=align, leave_one_out=True)
-    assert_close(call_otb(x, tail="others_mean", **options), call_otb(x, tail="group_mean", **options), atol=0, rtol=0)
+@pytest.mark.parametrize("tail", sorted(REMOVED_TAILS))
+def test_a_removed_tail_is_refused_saying_why_and_what_to_use(tail):
+    rewards, proxy, mask, gid = torch.tensor([1.0, 0.0]), torch.ones(2, 3), torch.ones(2, 3), torch.tensor([0, 0])
+    assert set(REMOVED_TAILS).isdisjoint(TAILS)  # precondition: removed, not kept under the same name
+    for fn in (otb_advantages, otb_terms):
+        with pytest.raises(ValueError, match=f"tail='{tail}' was removed after trl-otb 0.2.0: .*Choose one of"):
+            fn(rewards, proxy, mask, gid, tail=tail)
+    with pytest.raises(ValueError, match="OTBConfig: otb_tail=.* was removed .*trl-otb==0.2.0"):
+        OTBConfig(output_dir="x", use_cpu=True, bf16=False, otb_tail=tail)
 
 
 ESS_SETTINGS = settings(deadline=None, max_examples=150, derandomize=True)

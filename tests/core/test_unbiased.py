@@ -25,9 +25,6 @@ UNBIASED = {
     "grpo_unscaled": ("grpo", {"scale": "none"}, 1 - 1 / N),
     "otb_loo_others_mean": ("otb", dict(LOO, tail="others_mean"), 1.0),
     "otb_loo_others_mean_ess": ("otb", dict(LOO, tail="others_mean", shrinkage="ess"), 1.0),
-    "otb_loo_group_mean": ("otb", dict(LOO, tail="group_mean"), 1.0),
-    "otb_loo_sequence_baseline": ("otb", dict(LOO, tail="sequence_baseline"), 1.0),
-    "otb_loo_last_baseline": ("otb", dict(LOO, tail="last_baseline"), 1.0),
     **{f"otb_loo_{tail}": ("otb", dict(LOO, tail=tail), 1.0) for tail in OFFSET_DEPENDENT_TAILS},
 }
 # name: (estimator, options, its cos on the toy to 4 decimals, as docs/options.md states it).

@@ -100,7 +100,7 @@ def test_works_when_trl_grpotrainer_is_aliased_to_otbtrainer(tiny_model_dir, tmp
     [
         ("otb", {}),
         ("otb", {"otb_tail": "zero"}),
-        ("otb", {"otb_tail": "group_mean"}),
+        ("otb", {"otb_tail": "others_mean"}),
         ("rloo", {}),
         ("ogb", {}),
         ("opo", {}),

@@ -166,7 +166,7 @@ def test_analysis_collapse_target_and_checks():
         run["config"] = dict(base, learning_rate=lr)
     assert analysis.checks(pilot, study.REFERENCE)["default_configurations"] == 1
     assert analysis.failed_checks(analysis.checks(pilot, study.REFERENCE)) == []
-    pilot[2]["config"]["otb_tail"] = "sequence_baseline"
+    pilot[2]["config"]["otb_tail"] = "others_mean"
     assert analysis.checks(pilot, study.REFERENCE)["default_configurations"] == 2
     assert analysis.failed_checks(analysis.checks(pilot, study.REFERENCE))
 

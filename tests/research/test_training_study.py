@@ -18,6 +18,8 @@ import pytest
 from benchmarks import study_task
 from research.harness import training_study
 from research.harness.training_study import summary2
+from research.harness.training_study.cli import parse_args
+from trl_otb.core import REMOVED_TAILS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -290,6 +292,8 @@ def test_study2_invariant_estimators_give_bit_identical_advantages_under_the_off
     for name, spec in STUDY2["arms"].items():
         if spec["advantage_estimator"] == "grpo":
             continue  # the trainer uses TRL's own advantages (checked end to end by the quick mode's offset check)
+        if spec.get("otb_tail") in REMOVED_TAILS:
+            continue  # removed from the library: the study runs it at its frozen commit (research/training_study2)
         options = {"tail": spec["otb_tail"], "leave_one_out": spec["otb_leave_one_out"]} if "otb_tail" in spec else {}
         a = compute_advantages(spec["advantage_estimator"], rewards, proxy, mask, ids, **options)
         b = compute_advantages(spec["advantage_estimator"], rewards - 0.5, proxy, mask, ids, **options)
@@ -414,12 +418,25 @@ def quick2(tmp_path_factory):
     return out, command, first.stdout
 
 
+RUNNABLE2 = [a for a, spec in STUDY2["arms"].items() if spec.get("otb_tail") not in REMOVED_TAILS]
+"""Study 2's arms that the library can still run (the others run at the frozen commit its README names)."""
+
+
+def test_study2_leaves_out_the_arms_whose_tail_the_library_removed_and_refuses_them_by_name(capsys):
+    assert set(RUNNABLE2) < set(STUDY2["arms"])  # precondition: study 2 has an arm with a removed tail
+    args = parse_args(["--study", "2", "--quick"])
+    assert args.arms == RUNNABLE2 and "left out ['otb_sequence_baseline']" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse_args(["--study", "2", "--arms", "otb_sequence_baseline"])
+    assert "frozen commit 68759ff" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_study2_quick_mode_trains_every_arm_and_the_long_right_task_and_resumes(quick2):
     out, command, stdout = quick2
-    planned = training_study.study2_plan(training_study.QUICK2["cells"], list(STUDY2["arms"]), [0], quick=True)
+    planned = training_study.study2_plan(training_study.QUICK2["cells"], RUNNABLE2, [0], quick=True)
     assert f"{len(planned)} runs to do" in stdout
-    assert {a for c, a, _ in planned if c == "long"} == set(STUDY2["arms"])  # every arm kind
+    assert {a for c, a, _ in planned if c == "long"} == set(RUNNABLE2)  # every arm kind the library still has
     assert {c for c, _, _ in planned} == {"long", "long_offset", "long_right"}
     for cell, arm, seed in planned:
         run = json.loads(training_study.run_path(out, cell, arm, seed, "training_study2").read_text())
@@ -430,11 +447,9 @@ def test_study2_quick_mode_trains_every_arm_and_the_long_right_task_and_resumes(
         assert all(p["se"] >= 0 for p in run["curve"]) and run["eval_cpu_seconds"] > 0
     summary = json.loads((out / "training_study2_quick.json").read_text())
     long = summary["cells"]["long"]
-    assert set(long["arms"]) == set(STUDY2["arms"])
+    assert set(long["arms"]) == set(RUNNABLE2)
     for ref in STUDY2["references"]:
-        assert {p for p in long["paired"] if p.endswith(f"-{ref}")} == {
-            f"{a}-{ref}" for a in STUDY2["arms"] if a != ref
-        }
+        assert {p for p in long["paired"] if p.endswith(f"-{ref}")} == {f"{a}-{ref}" for a in RUNNABLE2 if a != ref}
     assert all(a["final_se_median"] >= 0 for a in long["arms"].values())
     assert summary["decision"]["arm"] != "otb_ref"
     assert summary["meta"]["command"].startswith("python -m research.harness.training_study --study 2 --quick")

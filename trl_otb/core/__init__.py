@@ -25,10 +25,12 @@ from .estimators import (
 from .otb import (
     ALIGNS,
     OFFSET_DEPENDENT_TAILS,
+    REMOVED_TAILS,
     SHIFT_INVARIANT_TAILS,
     SHRINKAGES,
     TAILS,
     OTBTerms,
+    check_tail,
     otb_advantages,
     otb_terms,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "ESTIMATORS",
     "GRPO_SCALES",
     "OFFSET_DEPENDENT_TAILS",
+    "REMOVED_TAILS",
     "SHIFT_INVARIANT_TAILS",
     "SHRINKAGES",
     "TAILS",
@@ -56,6 +59,7 @@ __all__ = [
     "opo_advantages",
     "otb_advantages",
     "otb_diagnostics",
+    "check_tail",
     "otb_terms",
     "register_estimator",
     "rloo_advantages",

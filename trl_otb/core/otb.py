@@ -31,13 +31,10 @@ active), ``tail`` chooses the baseline:
   (the tail keeps the computed B_t ~ R_i, so A ~ 0; a group of one valid member and leave-one-out still get B = 0);
 - shift-invariant (:data:`SHIFT_INVARIANT_TAILS`): the rewards are first centred in their group,
   ``R~_i = (R_i - min_g R) - mean_g(R - min_g R)`` (exact zeros when a group's rewards tie), the baseline is formed
-  from R~, and a lone position gets ``"group_mean"`` (B~ = 0: the group's mean reward; under leave-one-out the
-  other members' mean), ``"sequence_baseline"`` (OGB's sequence-level b~ = sum_j R~_j W_j / (sum_j W_j + eps) with
-  W_j the member's total energy; under leave-one-out over the others), ``"last_baseline"`` (the last B~ formed while
-  another member was active; A = 0 if there was none) or ``"zero_advantage"`` (A = 0). A group of one valid member
-  gets A = 0 in each. Then A(R + c) = A(R), A(aR) = a A(R) for a > 0, up to rounding, and a tie gives A = 0 exactly.
-  ``"others_mean"``: the plain mean reward of the *other* valid members (RLOO's baseline), with or without
-  leave-one-out (under leave-one-out it equals ``"group_mean"``).
+  from R~, and a lone position gets ``"zero_advantage"`` (A = 0) or ``"others_mean"`` (the plain mean reward of the
+  *other* valid members, RLOO's baseline, with or without leave-one-out). A group of one valid member gets A = 0 in
+  each. Then A(R + c) = A(R), A(aR) = a A(R) for a > 0, up to rounding, and a tie gives A = 0 exactly.
+  The shift-invariant fallbacks that no measurement supported were removed after 0.2.0 (:data:`REMOVED_TAILS`).
 
 Exactly unbiased: ``leave_one_out=True`` with any tail but ``"zero_advantage"`` forms member i's baseline from the
 other members only (whether a position is lone is decided by the others' activity), so E[s_t b_t] = 0.
@@ -68,10 +65,12 @@ from .shrinkage import ess_shrunk_baseline
 __all__ = [
     "ALIGNS",
     "OFFSET_DEPENDENT_TAILS",
+    "REMOVED_TAILS",
     "SHIFT_INVARIANT_TAILS",
     "SHRINKAGES",
     "TAILS",
     "OTBTerms",
+    "check_tail",
     "otb_advantages",
     "otb_terms",
     "token_weights",
@@ -80,10 +79,18 @@ __all__ = [
 OFFSET_DEPENDENT_TAILS = ("zero", "none")
 """The reference rule (``"zero"``, verl's) and the tail rule off (``"none"``), both kept bit for bit: a forced
 baseline of 0 makes A = R at those positions, so adding a constant to every reward changes the advantages there."""
-SHIFT_INVARIANT_TAILS = ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage", "others_mean")
+SHIFT_INVARIANT_TAILS = ("zero_advantage", "others_mean")
 """Fallbacks that are themselves shift-equivariant: with them OTB's advantages do not move when a constant is added
 to every reward (see this module's docstring)."""
 TAILS = OFFSET_DEPENDENT_TAILS + SHIFT_INVARIANT_TAILS
+REMOVED_TAILS = {
+    "group_mean": "with leave-one-out it gave the same advantages as 'others_mean', and no study trained it without",
+    "sequence_baseline": "study 2's rule disqualified it (auc below TRL's GRPO's at the high learning rate), and no "
+    "later study carried it",
+    "last_baseline": "no training study ran it",
+}
+"""Tails that 0.2.0 had and later versions removed, each with why (the studies are in research/): asking for one
+raises a ValueError that says what to use instead."""
 ALIGNS = ("position", "valid")
 SHRINKAGES = ("none", "ess")
 """``leave_one_out``'s baseline as formed (``"none"``), or shrunk toward the others' mean by its ESS (``"ess"``)."""
@@ -125,10 +132,9 @@ def otb_advantages(
         group_ids: ``[B]`` integer ids, in any order.
         eps: added to the baseline's denominator.
         tail: the baseline where a group cannot estimate one (one member alone at a position). The default,
-            ``"zero_advantage"`` (``OTBConfig``'s), gives advantage 0 there. ``"group_mean"``,
-            ``"sequence_baseline"``, ``"last_baseline"``: the other shift-invariant fallbacks on group-centred
-            rewards (this module's docstring); ``"others_mean"``: the other valid members' plain mean (RLOO's
-            baseline); a group with one valid member gets advantage 0 under each.
+            ``"zero_advantage"`` (``OTBConfig``'s), gives advantage 0 there; ``"others_mean"``: the other valid
+            members' plain mean (RLOO's baseline); both work on group-centred rewards (this module's docstring),
+            and a group with one valid member gets advantage 0 under each.
             ``"zero"`` is verl's reference rule, kept bit for bit: when one valid member is strictly the longest of
             its group, its baseline is 0 past the second-longest length (lengths count masked tokens).
             ``"none"``: keep the baseline as computed. Both are offset-dependent (A = R where B is forced to 0).
@@ -211,9 +217,19 @@ def _check_shrinkage(shrinkage: str, tail: str, leave_one_out: bool) -> None:
         )
 
 
-def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -> _Prepared:
+def check_tail(tail: str, name: str = "tail") -> None:
+    """Raise a ValueError for a tail OTB does not have, naming the removed ones' replacement."""
+    if tail in REMOVED_TAILS:
+        raise ValueError(
+            f"{name}={tail!r} was removed after trl-otb 0.2.0: {REMOVED_TAILS[tail]}. Choose one of {TAILS} "
+            "(docs/options.md#otb_tail), or pin trl-otb==0.2.0 to keep it."
+        )
     if tail not in TAILS:
-        raise ValueError(f"tail must be one of {TAILS}, got {tail!r}.")
+        raise ValueError(f"{name} must be one of {TAILS}, got {tail!r}.")
+
+
+def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -> _Prepared:
+    check_tail(tail)
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}.")
     if eps < 0:
@@ -346,34 +362,10 @@ def _fallback_baseline(p: _Prepared, eps: float, tail: str, leave_one_out: bool,
     baseline, shared = _weighted_mean(p, eps, leave_one_out)
     if tail == "zero_advantage":
         lone = R[:, None].expand_as(baseline)
-    elif tail == "group_mean" and not leave_one_out:
-        lone = torch.zeros_like(baseline)
-    elif tail in ("group_mean", "others_mean"):  # a group of one valid member has no other (R~ = 0 there: A = 0)
+    else:  # others_mean; a group of one valid member has no other (R~ = 0 there: A = 0)
         n_others = group_sum(p.valid.to(R.dtype), gid, G)[gid] - p.valid.to(R.dtype)
         others_mean = (group_sum(R, gid, G)[gid] - R) / n_others.clamp(min=1)
         lone = others_mean[:, None].expand_as(baseline)
         if shrinkage == "ess":
             baseline = ess_shrunk_baseline(baseline, lone, p.energy, gid, G)
-    elif tail == "sequence_baseline":
-        total = _total_energy(p).double() if leave_one_out else _total_energy(p)
-        seq_num = group_sum(total * R.to(total.dtype), gid, G)[gid]
-        seq_den = group_sum(total, gid, G)[gid]
-        if leave_one_out:
-            seq_num, seq_den = seq_num - total * R.to(total.dtype), seq_den - total
-        lone = _safe_divide(seq_num, seq_den + eps).to(R.dtype)[:, None].expand_as(baseline)
-    else:  # last_baseline: the baseline at the row's last position shared with another member; A = 0 before any
-        positions = torch.arange(baseline.shape[1], device=baseline.device)
-        own_shared = shared & (p.mask > 0)
-        last = torch.where(own_shared, positions, torch.full_like(positions, -1)).cummax(dim=1).values
-        carried = baseline.gather(1, last.clamp(min=0))
-        lone = torch.where(last >= 0, carried, R[:, None].expand_as(baseline))
     return torch.where(shared, baseline, lone)
-
-
-def _total_energy(p: _Prepared) -> torch.Tensor:
-    """``[B]`` W_i = sum_t w_t m_t: the cumulative energy at each row's last masked-in position (0 for none)."""
-    if p.energy.shape[1] == 0:
-        return p.energy.new_zeros(p.energy.shape[0])
-    positions = torch.arange(p.energy.shape[1], device=p.energy.device)
-    last = torch.where(p.mask > 0, positions, torch.zeros_like(positions)).amax(dim=1)
-    return p.energy.gather(1, last[:, None]).squeeze(1)

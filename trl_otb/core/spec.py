@@ -16,17 +16,10 @@ With ``tail="zero"`` or ``"none"`` (offset-dependent), three rules set B to 0 in
 member; ``tail="zero"``, for the one member that is strictly the longest, from the second-longest length on;
 ``leave_one_out=True``, where no other member is active (B then sums over the other active members only).
 
-With a shift-invariant tail (``group_mean``, ``sequence_baseline``, ``last_baseline``, ``zero_advantage``,
-``others_mean``), each
-group's rewards are centred first, ``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
+With a shift-invariant tail (``zero_advantage``, ``others_mean``), each group's rewards are centred first, ``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
 replaces R everywhere above. Where member i is alone at c (no other member active: the pooled sum would hold i alone,
 the leave-one-out sum nothing), its baseline is the fallback:
 
-- ``group_mean``: 0 (the group mean of R~); with leave-one-out, the mean of the other valid members' R~;
-- ``sequence_baseline``: ``sum_j R~_j W^(j) / (sum_j W^(j) + eps)`` over the valid members (the others, with
-  leave-one-out), W^(j) the member's total energy: OGB's sequence-level baseline;
-- ``last_baseline``: the baseline at member i's last earlier coordinate where another member was active; R~_i (so
-  A = 0) if there is none;
 - ``zero_advantage``: R~_i, so A = 0;
 - ``others_mean``: the mean of the other valid members' R~ (with or without leave-one-out); 0 if there is none.
 
@@ -72,6 +65,8 @@ def reference_otb(
     Returns ``(advantages, forced)``, both [B][T] lists: ``forced[i][t]`` is True where a rule replaced the estimated
     baseline (with ``zero``/``none``: set it to 0, for a group of one valid member, the tail rule, no other active
     member for leave-one-out; with a shift-invariant tail: the fallback, wherever member i is alone)."""
+    if tail not in ("zero", "none", "zero_advantage", "others_mean"):
+        raise ValueError(f"reference_otb has no tail {tail!r}")
     B = len(rewards)
     T = len(mask[0]) if B else 0
     valid = [math.isfinite(rewards[i]) and any(mask[i]) for i in range(B)]
@@ -89,7 +84,7 @@ def reference_otb(
         energy.append(W)
     adv = [[0.0] * T for _ in range(B)]
     forced = [[False] * T for _ in range(B)]
-    if tail in ("group_mean", "sequence_baseline", "last_baseline", "zero_advantage", "others_mean"):
+    if tail in ("zero_advantage", "others_mean"):
         _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_out, shrinkage, adv, forced)
         return adv, forced
     for g in set(group_ids):
@@ -133,11 +128,9 @@ def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_o
         shifted = {i: rewards[i] - low for i in members}
         mean = sum(shifted.values()) / len(members)
         R = {i: shifted[i] - mean for i in members}
-        total = {i: energy[i][max(energy[i])] for i in members}  # W^(i) at its last coordinate
         for i in members:
             others = [j for j in members if j != i]
             others_mean = sum(R[j] for j in others) / len(others) if others else 0.0
-            last = None  # member i's baseline at its last coordinate shared with another member
             for c in sorted(pos[i]):
                 active = [j for j in members if c in pos[j]]
                 pool = [j for j in active if j != i] if leave_one_out else active
@@ -147,16 +140,8 @@ def _fallback_otb(rewards, group_ids, valid, pos, energy, eps, tail, leave_one_o
                     if shrinkage == "ess":
                         ess = _ratio(sum(energy[j][c] for j in pool) ** 2, sum(energy[j][c] ** 2 for j in pool))
                         b = (ess * b + others_mean) / (ess + 1)
-                    last = b
-                elif tail == "others_mean" or (tail == "group_mean" and leave_one_out):
+                elif tail == "others_mean":
                     b = others_mean
-                elif tail == "group_mean":
-                    b = 0.0
-                elif tail == "sequence_baseline":
-                    pool = [j for j in members if j != i] if leave_one_out else members
-                    b = _ratio(sum(R[j] * total[j] for j in pool), sum(total[j] for j in pool) + eps)
-                elif tail == "last_baseline":
-                    b = R[i] if last is None else last
                 else:  # zero_advantage
                     b = R[i]
                 adv[i][pos[i][c]] = R[i] - b

@@ -63,8 +63,34 @@ def parse_args(argv=None):
     parser.add_argument("--tune", action="store_true", help="studies 3 and 4: the tuning runs (every arm and rate)")
     args = parser.parse_args(argv)
     args.out = Path(args.out)
+    named = args.arms is not None
     parse = {1: parse_study1, 2: parse_study2, 3: parse_study3, 4: parse_study4}[args.study]
-    return parse(args, parser)
+    args = parse(args, parser)
+    if args.study in (2, 3):
+        _leave_out_removed_arms(args, parser, named)
+    return args
+
+
+FROZEN_COMMIT = "68759ff"
+"""Where the finished studies 1-3 run exactly as registered (their READMEs): the library has since removed options
+some of their arms used."""
+
+
+def _leave_out_removed_arms(args, parser, named: bool) -> None:
+    """Studies 2 and 3 without the arms whose ``otb_tail`` the library removed (``REMOVED_TAILS``): named with
+    --arms, refused, saying where they run; by default, left out with a printed line."""
+    from research.harness.training_study.preregistration2 import STUDY2
+    from trl_otb.core import REMOVED_TAILS
+
+    removed = {arm: STUDY2["arms"][arm].get("otb_tail") for arm in args.arms}
+    removed = {arm: tail for arm, tail in removed.items() if tail in REMOVED_TAILS}
+    if not removed:
+        return
+    where = f"run them at the study's frozen commit {FROZEN_COMMIT} (git worktree add ../trl-otb-{FROZEN_COMMIT} {FROZEN_COMMIT})"
+    if named:
+        parser.error(f"arms {sorted(removed)} use otb_tail values the library removed ({removed}); {where}")
+    print(f"left out {sorted(removed)}: their otb_tail values were removed from the library; {where}", flush=True)
+    args.arms = [a for a in args.arms if a not in removed]
 
 
 def main(argv=None):
