@@ -15,8 +15,9 @@ own share of the group's energy at t), wherever another member is active::
 
     A_t^(i) = R_i - B_t = (1 - lambda_t^(i)) (R_i - B_t^(-i))
 
-with B_t^(-i) the leave-one-out baseline (``leave_one_out=True``). GRPO is the same formula with lambda = 1/N, an
-exact rescale; here lambda depends on the member's own tokens, so the shrink biases the gradient's direction.
+with B_t^(-i) the leave-one-out baseline (``leave_one_out=True``), for every tail (``"zero"`` only on masks without
+holes: it forces B = 0 by length). GRPO is the same formula with lambda = 1/N, an exact rescale; here lambda
+depends on the member's own tokens, so the shrink biases the gradient's direction.
 
 Shapes: ``rewards [B]`` (NaN = unscorable), ``proxy [B, T]`` w_t (see :mod:`trl_otb.core.proxy`), ``mask [B, T]``,
 ``group_ids [B]``, optional ``is_weights [B, T]`` or ``[B, 1]``; the result is ``[B, T]``. A row is *valid* when
