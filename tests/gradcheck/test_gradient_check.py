@@ -267,3 +267,13 @@ def test_the_check_leaves_no_scratch_directory_behind_even_when_it_refuses(tmp_p
         check(tmp_path, reward=tied_reward)
     assert len(seen) == 2 and all(name.startswith(str(scratch_root)) for name in seen)  # precondition: both used one
     assert list(scratch_root.iterdir()) == []
+
+
+def test_without_a_config_the_check_takes_otbconfigs_defaults_and_on_cpu_its_cpu_settings():
+    model, tokenizer = tiny_model_and_tokenizer()
+    report = gradient_check(model, varied_reward, prompts_dataset(), None, processing_class=tokenizer, prompts=3,
+                            pool_size=8, num_groups=8, bootstrap=20, progress=False, kappa_dim=128)  # fmt: skip
+    defaults = OTBConfig(output_dir="x", use_cpu=True, bf16=False)
+    assert report["meta"]["num_generations"] == defaults.num_generations
+    assert report["meta"]["max_completion_length"] == defaults.max_completion_length
+    assert "yours" not in report["rows"]  # the default estimator is the report's otb_default row
