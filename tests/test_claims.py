@@ -52,7 +52,7 @@ def test_grpo_keeps_a_finite_reward_with_an_empty_mask_in_its_mean_and_the_other
         got = fn(rewards, proxy, mask, group_ids)
         assert got[2].abs().max() == 0 and torch.all(got[0] > 0) and torch.all(got[1] < 0), fn.__name__
     for tail in TAILS:
-        got = otb_advantages(rewards, proxy, mask, group_ids, tail=tail, eps=0.0)
+        got = otb_advantages(rewards, proxy, mask, group_ids, tail=tail, eps=0.0, leave_one_out=False)
         torch.testing.assert_close(got, t64([[0.5, 0.5], [-0.5, -0.5], [0.0, 0.0]]), msg=tail)
 
 
@@ -130,8 +130,8 @@ def test_self_inclusive_otb_is_leave_one_out_otb_shrunk_by_the_members_own_energ
     verl's ``"zero"`` is left out: it sets B = 0 by length (past the second-longest member's token count), which with
     holes in the mask can fall where another member is still active (the next test)."""
     rewards, proxy, mask, group_ids = group
-    selfincl = otb_advantages(rewards, proxy, mask, group_ids, eps=0.0, tail=tail)
-    loo = otb_advantages(rewards, proxy, mask, group_ids, eps=0.0, tail=tail, leave_one_out=True)
+    selfincl = otb_advantages(rewards, proxy, mask, group_ids, eps=0.0, tail=tail, leave_one_out=False)
+    loo = otb_advantages(rewards, proxy, mask, group_ids, eps=0.0, tail=tail, leave_one_out=True, shrinkage="none")
     m = mask.to(torch.float64)
     energy = torch.cumsum(proxy * m, dim=1) * m
     share = energy / energy.sum(dim=0, keepdim=True).clamp(min=1e-300)
@@ -146,7 +146,7 @@ def _shrink_gap(rewards, mask) -> float:
     """The identity's largest miss under verl's ``"zero"`` where another member is active (w = 1, eps = 0)."""
     proxy = torch.ones(mask.shape, dtype=torch.float64)
     gid = torch.zeros(len(rewards), dtype=torch.long)
-    selfincl = otb_advantages(rewards, proxy, mask, gid, eps=0.0, tail="zero")
+    selfincl = otb_advantages(rewards, proxy, mask, gid, eps=0.0, tail="zero", leave_one_out=False)
     loo = otb_advantages(rewards, proxy, mask, gid, eps=0.0, tail="zero", leave_one_out=True)
     energy = torch.cumsum(proxy * mask, dim=1) * mask
     share = energy / energy.sum(dim=0, keepdim=True).clamp(min=1e-300)

@@ -121,10 +121,11 @@ def test_baseline_differs_frac_ignores_a_negligible_shift_and_counts_real_reweig
     rewards = torch.tensor([0.1, 0.7, 1.3, 2.9, 5.0, 5.5, 9.0, 12.0])  # no ties
     mask, group_ids = torch.ones(8, 6), torch.arange(8) // 4
     nearly_uniform = 1 + 1e-4 * torch.rand(8, 6, generator=g)
-    adv = otb_advantages(rewards, nearly_uniform, mask, group_ids)
+    adv = otb_advantages(rewards, nearly_uniform, mask, group_ids, leave_one_out=False)
     assert (rewards[:, None] - adv - rewards.view(2, 4).mean(1).repeat_interleave(4)[:, None]).abs().min() > 1e-6
     got = otb_diagnostics(rewards, adv, nearly_uniform, mask, group_ids)
     assert got["baseline_differs_frac"] == 0.0 and got["baseline_shift"] < 1e-4
     proxy = 0.1 + 2 * torch.rand(8, 6, generator=g)
-    got = otb_diagnostics(rewards, otb_advantages(rewards, proxy, mask, group_ids), proxy, mask, group_ids)
+    adv = otb_advantages(rewards, proxy, mask, group_ids, leave_one_out=False)
+    got = otb_diagnostics(rewards, adv, proxy, mask, group_ids)
     assert got["baseline_differs_frac"] > 0.5 and 0.01 < got["baseline_shift"] < 2

@@ -36,7 +36,7 @@ LAW_SETTINGS = settings(deadline=None, max_examples=60, derandomize=True)
 # A value each option accepts, that changes the result of the estimators that take it (on INPUTS below).
 OPTION_VALUES = {
     "eps": 1e-3,
-    "tail": "zero",  # differs from the default ("zero_advantage") at the lone tail of row 0
+    "tail": "zero",  # differs from "zero_advantage" (OPTION_OTHER) at the lone tail of row 0
     "is_weights": torch.tensor([[1.5], [1.0], [0.5], [1.2]]),
     "align": "valid",
     "leave_one_out": True,
@@ -44,7 +44,9 @@ OPTION_VALUES = {
     "shrinkage": "ess",
 }
 # The options an option needs beside it (OTB refuses shrinkage="ess" without them); the comparison keeps them.
-OPTION_NEEDS = {"shrinkage": {"leave_one_out": True, "tail": "others_mean"}}
+OPTION_NEEDS = {"shrinkage": {"leave_one_out": True, "tail": "others_mean"}, "tail": {"leave_one_out": False}}
+# Another value of each option, so that the comparison below holds whatever the default is.
+OPTION_OTHER = {"tail": "zero_advantage", "leave_one_out": False, "shrinkage": "none"}
 INPUTS = dict(
     rewards=torch.tensor([1.0, 0.0, 2.0, 0.5]),
     proxy=torch.tensor([[0.5, 1.0, 0.2], [1.0, 1.0, 1.0], [2.0, 0.1, 0.3], [0.7, 0.4, 1.1]]),
@@ -110,8 +112,9 @@ def test_each_declared_option_reaches_the_estimator(name):
     """Every declared option changes the result: it is passed on, not dropped."""
     for option in ESTIMATORS[name].options:
         needs = OPTION_NEEDS.get(option, {})
-        plain = compute_advantages(name, **INPUTS, **needs)
-        changed = compute_advantages(name, **INPUTS, **needs, **{option: OPTION_VALUES[option]})
+        other = {option: OPTION_OTHER[option]} if option in OPTION_OTHER else {}
+        plain = compute_advantages(name, **INPUTS, **(needs | other))
+        changed = compute_advantages(name, **INPUTS, **(needs | {option: OPTION_VALUES[option]}))
         assert not torch.allclose(changed, plain), option
 
 
@@ -352,10 +355,10 @@ def test_sequence_estimators_are_constant_on_tokens_and_zero_off_mask(estimator)
 
 
 def test_otb_uniform_proxy_equals_opo_on_a_single_token_each():
-    # T = 1: W = 1 for every member, lengths 1: OTB, OPO, OGB(w=1) and GRPO all give R - mean.
+    # T = 1: W = 1 for every member, lengths 1: OTB (self-inclusive), OPO, OGB(w=1) and GRPO all give R - mean.
     rewards = t64([3.0, 1.0, 2.0])
     mask = torch.ones(3, 1)
     proxy = torch.ones(3, 1, dtype=torch.float64)
-    for estimator in ("otb", "grpo", "opo", "ogb"):
-        adv = compute_advantages(estimator, rewards, proxy, mask, ids([0, 0, 0]))
+    for estimator, options in (("otb", {"leave_one_out": False}), ("grpo", {}), ("opo", {}), ("ogb", {})):
+        adv = compute_advantages(estimator, rewards, proxy, mask, ids([0, 0, 0]), **options)
         assert_close(adv.double(), [[1.0], [-1.0], [0.0]], atol=1e-7)

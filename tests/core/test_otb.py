@@ -18,11 +18,12 @@ from trl_otb import (
     OTBConfig,
     compute_advantages,
     grpo_advantages,
-    otb_advantages,
-    otb_terms,
 )
+from trl_otb import otb_advantages as library_otb_advantages
+from trl_otb import otb_terms as library_otb_terms
 from trl_otb.core import REMOVED_TAILS, SHIFT_INVARIANT_TAILS, TAILS, uniform_proxy
-from trl_otb.core.spec import aligned_positions, reference_otb
+from trl_otb.core.spec import aligned_positions
+from trl_otb.core.spec import reference_otb as library_reference_otb
 
 from .tensor_helpers import assert_close, draw_mask_row, ids, t64
 
@@ -77,6 +78,22 @@ def as_tensors(x, dtype=torch.float64):
     if x["is_weights"] is not None:
         out["is_weights"] = torch.tensor(x["is_weights"], dtype=dtype)
     return out
+
+
+def _self_inclusive(fn):
+    """``fn`` with ``leave_one_out=False`` unless the call passes it: the hand-computed cases and properties below are
+    written for Li et al.'s formula, whose baseline includes the member itself, whatever OTBConfig's default is."""
+
+    def call(*args, **kwargs):
+        kwargs.setdefault("leave_one_out", False)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+otb_advantages = _self_inclusive(library_otb_advantages)
+otb_terms = _self_inclusive(library_otb_terms)
+reference_otb = _self_inclusive(library_reference_otb)
 
 
 def call_otb(x, dtype=torch.float64, **options):
@@ -208,7 +225,7 @@ def test_singleton_group_gets_zero_advantage_by_default():
     """The default tail (OTBConfig's, "zero_advantage") and every shift-invariant one: a singleton gets A = 0."""
     singleton = (t64([3.0]), t64([[0.3, 1.7, 0.1]]), torch.tensor([[1, 1, 0]]), ids([0]))
     for options in ({}, {"leave_one_out": True}, {"align": "valid"}):
-        assert_close(otb_advantages(*singleton, **options), [[0.0, 0.0, 0.0]], atol=0, rtol=0)
+        assert_close(library_otb_advantages(*singleton, **options), [[0.0, 0.0, 0.0]], atol=0, rtol=0)
         for tail in SHIFT_INVARIANT_TAILS:
             assert_close(otb_advantages(*singleton, tail=tail, **options), [[0.0, 0.0, 0.0]], atol=0, rtol=0)
 

@@ -23,16 +23,16 @@ LOO = dict(leave_one_out=True)
 UNBIASED = {
     "rloo": ("rloo", {}, 1.0),
     "grpo_unscaled": ("grpo", {"scale": "none"}, 1 - 1 / N),
-    "otb_loo_others_mean": ("otb", dict(LOO, tail="others_mean"), 1.0),
+    "otb_loo_others_mean": ("otb", dict(LOO, tail="others_mean", shrinkage="none"), 1.0),
     "otb_loo_others_mean_ess": ("otb", dict(LOO, tail="others_mean", shrinkage="ess"), 1.0),
     **{f"otb_loo_{tail}": ("otb", dict(LOO, tail=tail), 1.0) for tail in OFFSET_DEPENDENT_TAILS},
 }
 # name: (estimator, options, its cos on the toy to 4 decimals, as docs/options.md states it).
 BIASED = {
-    "otb_default": ("otb", {"tail": "zero_advantage"}, 0.9864),
+    "otb_default": ("otb", {"tail": "zero_advantage", "leave_one_out": False}, 0.9864),
     "otb_loo_zero_advantage": ("otb", dict(LOO, tail="zero_advantage"), 0.9874),
-    "otb_reference_zero": ("otb", {"tail": "zero"}, 0.9106),
-    "otb_others_mean_self_inclusive": ("otb", {"tail": "others_mean"}, 0.9106),
+    "otb_reference_zero": ("otb", {"tail": "zero", "leave_one_out": False}, 0.9106),
+    "otb_others_mean_self_inclusive": ("otb", {"tail": "others_mean", "leave_one_out": False}, 0.9106),
     "ogb": ("ogb", {}, 0.9873),
 }
 
