@@ -69,7 +69,9 @@ def estimators(rewards, proxy, mask, group_ids, is_weights, num_prompts, group_s
     finite = torch.nan_to_num(rewards, nan=0.0)
     return {
         "floor": lambda: floor_advantages(finite, proxy, mask, num_prompts, group_size),
-        "otb": lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", is_weights=is_weights),
+        "otb": lambda: otb_advantages(
+            rewards, proxy, mask, group_ids, tail="zero", leave_one_out=False, is_weights=is_weights
+        ),
         "otb_loo": lambda: otb_advantages(
             rewards, proxy, mask, group_ids, is_weights=is_weights, leave_one_out=True, tail="zero"
         ),
@@ -125,7 +127,10 @@ def bench_size(num_prompts, group_size, T, repeats, seed, device="cpu"):
 def profile_otb(num_prompts=128, group_size=8, T=1024, calls=5):
     """Share of OTB's CPU time per aten op (full contract on), to see what is left to optimise."""
     rewards, proxy, mask, group_ids, is_weights = make_inputs(num_prompts, group_size, T)
-    otb = lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", is_weights=is_weights)  # noqa: E731
+
+    def otb():
+        return otb_advantages(rewards, proxy, mask, group_ids, tail="zero", leave_one_out=False, is_weights=is_weights)
+
     otb()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(calls):

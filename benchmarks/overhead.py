@@ -197,11 +197,11 @@ def time_pieces(repeats: int = 2000) -> dict[str, float]:
     )
     scores, ids = torch.randn(B, V), torch.randint(0, V, (B, T))
     rewards, proxy, mask, group_ids = torch.rand(B), 2 * torch.rand(B, T), torch.ones(B, T), torch.arange(B) // N
-    advantages = otb_advantages(rewards, proxy, mask, group_ids, tail="zero")
+    advantages = otb_advantages(rewards, proxy, mask, group_ids, tail="zero", leave_one_out=False)
     collector = RolloutStatsCollector(1.0)
     pieces = {
         "collector_per_token": lambda: collector(ids, scores),
-        "otb_advantages": lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero"),
+        "otb_advantages": lambda: otb_advantages(rewards, proxy, mask, group_ids, tail="zero", leave_one_out=False),
         "otb_diagnostics": lambda: otb_diagnostics(rewards, advantages, proxy, mask, group_ids),
     }
     out = {}

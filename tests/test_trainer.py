@@ -304,7 +304,9 @@ def test_trainer_leave_one_out_equals_contract(tiny_model_dir, tmp_path):
     expected = otb_advantages(rewards, proxy.float(), mask, group_ids, leave_one_out=True, tail=trainer.args.otb_tail)
     assert torch.allclose(batch["advantages"], expected, atol=1e-5)
     assert not torch.allclose(
-        expected, otb_advantages(rewards, proxy.float(), mask, group_ids, tail=trainer.args.otb_tail), atol=1e-4
+        expected,
+        otb_advantages(rewards, proxy.float(), mask, group_ids, tail=trainer.args.otb_tail, leave_one_out=False),
+        atol=1e-4,
     )
     # Where a member is the only active one of its group, its advantage is its reward.
     active = mask.view(-1, N, mask.size(1)).sum(dim=1).repeat_interleave(N, dim=0)
@@ -521,7 +523,10 @@ def test_unbiased_otb_tied_rewards_move_no_parameter(tiny_model_dir, tmp_path, o
 
 
 def test_the_shrinkage_is_refused_without_leave_one_out_and_others_mean(tmp_path):
-    for options in ({"otb_shrinkage": "ess"}, {"otb_shrinkage": "ess", "otb_leave_one_out": True}):
+    for options in (
+        {"otb_shrinkage": "ess", "otb_leave_one_out": False, "otb_tail": "others_mean"},
+        {"otb_shrinkage": "ess", "otb_leave_one_out": True, "otb_tail": "zero_advantage"},
+    ):
         with pytest.raises(ValueError, match="otb_leave_one_out=True and otb_tail='others_mean'"):
             make_args(tmp_path, **options)
     with pytest.raises(ValueError, match="unknown otb_shrinkage"):

@@ -26,10 +26,11 @@ VARIANCE_ESTIMATORS = {
     "rloo": ("rloo", {}),
     "opo": ("opo", {}),
     "ogb": ("ogb", {}),
-    "otb": ("otb", {"tail": "zero"}),
+    "otb": ("otb", {"tail": "zero", "leave_one_out": False}),
     "otb_loo": ("otb", {"tail": "zero", "leave_one_out": True}),
 }
-"""The estimators trl-otb ships, by their names in the JSON: (the core's estimator, its options)."""
+"""The estimators trl-otb ships, by their names in the JSON: (the core's estimator, its options). Each names the
+options it sets, so that a change of the library's defaults cannot redefine one."""
 PAIRS = (("otb", "grpo"), ("otb", "ogb"))
 """The paired comparisons reported per cell: (a, b) gives the rescaled variance of a minus that of b."""
 
@@ -39,15 +40,15 @@ YARDSTICK_ESTIMATORS = {
     "grpo": ("grpo", {"scale": "none"}),
     "rloo": ("rloo", {}),
     "ogb": ("ogb", {}),
-    "otb_default": ("otb", {"tail": "zero_advantage"}),
-    "otb": ("otb", {"tail": "zero"}),
+    "otb_default": ("otb", {"tail": "zero_advantage", "leave_one_out": False}),
+    "otb": ("otb", {"tail": "zero", "leave_one_out": False}),
     "otb_zero_advantage_loo": ("otb", {"tail": "zero_advantage", "leave_one_out": True}),
 }
 """``--yardstick``'s estimators: TRL's GRPO (std-scaled), unscaled GRPO, RLOO, OGB, today's default OTB
 (``zero_advantage``, self-inclusive), the reference OTB (``zero``), leave-one-out OTB with ``zero_advantage``; and
 ``UNBIASED_OTB`` where the installed core has them (``yardstick_estimators``)."""
 UNBIASED_OTB = {
-    "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True}),
+    "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "none"}),
     "otb_others_mean_loo_ess": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "ess"}),
 }
 """The exactly unbiased OTB options: leave-one-out with the others' mean at lone positions, and the same shrunk
@@ -105,7 +106,7 @@ def otb_tail_last_advantages(rewards, proxy, mask, group_ids, eps=1e-8):
 
 
 STUDY_ESTIMATORS = {
-    "otb_tail_none": ("otb", {"tail": "none"}),
+    "otb_tail_none": ("otb", {"tail": "none", "leave_one_out": False}),
     "otb_carry": (otb_carry_advantages, {}),
     "otb_tail_last": (otb_tail_last_advantages, {}),
 }

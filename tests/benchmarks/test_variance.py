@@ -349,7 +349,8 @@ def test_study_variants_obey_their_definitions():
     for fn in (variance.otb_carry_advantages, variance.otb_tail_last_advantages):
         # Equal lengths: OTB exactly; equal weights too: unscaled GRPO.
         assert torch.allclose(
-            fn(rewards, proxy, full, group_ids), otb_advantages(rewards, proxy, full, group_ids, tail="zero").double()
+            fn(rewards, proxy, full, group_ids),
+            otb_advantages(rewards, proxy, full, group_ids, tail="zero", leave_one_out=False).double(),
         )
         ones = torch.ones(B, T, dtype=torch.float64)
         assert torch.allclose(

@@ -47,7 +47,7 @@ def estimators_for(args: OTBConfig | None = None) -> dict:
         "grpo": ("grpo", {"scale": "none"}),
         "rloo": ("rloo", {}),
         "ogb": ("ogb", {}),
-        "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True}),
+        "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "none"}),
         "otb_others_mean_loo_ess": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "ess"}),
     }
     if args is not None:
