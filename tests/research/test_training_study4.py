@@ -18,6 +18,18 @@ from research.harness.training_study.preregistration4 import ARMS4, FIRST_BATCHE
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_an_otb_arm_runs_with_the_options_of_its_registration_whatever_otbconfigs_defaults():
+    from research.harness.training_study.runs import REGISTERED_OTB_OPTIONS, arm_otb_options
+
+    assert "otb_shrinkage" not in ARMS4["otb_loo_mean"]  # precondition: the arm leaves its shrinkage unnamed
+    assert arm_otb_options("otb_loo_mean", ARMS4["otb_loo_mean"])["otb_shrinkage"] == "none"
+    assert arm_otb_options("otb_loo_ess", ARMS4["otb_loo_ess"])["otb_shrinkage"] == "ess"
+    assert arm_otb_options("otb_default", ARMS4["otb_default"]) == REGISTERED_OTB_OPTIONS | {
+        "otb_tail": "zero_advantage"
+    }
+    assert arm_otb_options("ogb_N4", ARMS4["ogb_N4"]) == {}  # OGB takes OTBConfig's (unchanged) eps and proxy
+
+
 def test_every_otb_arm_names_its_options_and_the_cells_are_study_2s():
     for name, arm in ARMS4.items():
         assert arm["num_generations"] == 4 and "scale_rewards" in arm

@@ -25,6 +25,23 @@ def run_path(out: Path, cell: str, arm: str, seed: int, folder: str = "training_
 # The first study's OTB arm passed no tail and ran with OTBConfig's default of its day, verl's reference tail (study 2
 # calls it otb_ref); named here so that the arm stays what it was whatever OTBConfig's default is.
 ARM_OPTIONS = {"otb_N4": {"otb_tail": "zero", "otb_leave_one_out": False}}
+REGISTERED_OTB_OPTIONS = {
+    "otb_proxy": "logit",
+    "otb_epsilon": 1e-8,
+    "otb_align": None,
+    "otb_leave_one_out": False,
+    "otb_shrinkage": "none",
+}
+"""OTBConfig's OTB options when studies 1-4 were registered: an OTB arm runs with each it leaves unnamed, so that a
+later change of OTBConfig's defaults cannot redefine a pre-registered arm (study 4's otb_loo_mean names no
+shrinkage: it is plain leave-one-out)."""
+
+
+def arm_otb_options(name: str, arm: dict) -> dict:
+    """The OTB fields an arm's OTBConfig gets: what it names (and ``ARM_OPTIONS``), over ``REGISTERED_OTB_OPTIONS``
+    for an OTB arm; only what it names for the others (OTBConfig refuses a non-default option they do not take)."""
+    named = {k: v for k, v in arm.items() if k.startswith("otb_")} | ARM_OPTIONS.get(name, {})
+    return REGISTERED_OTB_OPTIONS | named if arm["advantage_estimator"] == "otb" else named
 
 
 def run_one(job: dict) -> dict:
@@ -78,8 +95,7 @@ def run_one(job: dict) -> dict:
                 control.should_training_stop = True
 
     N = arm["num_generations"]
-    # Only an OTB arm names its OTB options (OTBConfig refuses a non-default one on another estimator).
-    otb_options = {k: v for k, v in arm.items() if k.startswith("otb_")} | ARM_OPTIONS.get(job["arm"], {})
+    otb_options = arm_otb_options(job["arm"], arm)
     config = OTBConfig(
         output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
         advantage_estimator=arm["advantage_estimator"],
