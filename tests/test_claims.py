@@ -34,6 +34,19 @@ def test_baseline_differs_frac_is_zero_for_unscaled_grpo_but_not_for_the_std_sca
         assert got == pytest.approx(expected), scale
 
 
+def test_a_leave_one_out_baseline_is_read_against_the_others_mean():
+    """'the baselines are compared with the other members' mean reward (RLOO's) instead of the group's': RLOO, and
+    leave-one-out OTB with equal energies, read 0; against the group's mean they would read 1."""
+    rewards, proxy = t64([0.0, 1.0, 3.0, 0.5, 2.0, 2.5]), torch.ones(6, 3, dtype=torch.float64)
+    mask, group_ids = torch.ones(6, 3), torch.tensor([0, 0, 0, 1, 1, 1])
+    rloo = rloo_advantages(rewards, proxy, mask, group_ids)
+    loo_otb = otb_advantages(rewards, proxy, mask, group_ids, tail="others_mean", leave_one_out=True, eps=0.0)
+    for advantages in (rloo, loo_otb):
+        assert otb_diagnostics(rewards, advantages, None, mask, group_ids)["baseline_differs_frac"] == 1.0
+        read = otb_diagnostics(rewards, advantages, None, mask, group_ids, leave_one_out=True)
+        assert read["baseline_differs_frac"] == 0.0 and read["baseline_shift"] == pytest.approx(0.0, abs=1e-6)
+
+
 # --- core/estimators.py: which rows each baseline excludes -----------------------------------------------------------
 
 

@@ -531,3 +531,29 @@ def test_the_shrinkage_is_refused_without_leave_one_out_and_others_mean(tmp_path
             make_args(tmp_path, **options)
     with pytest.raises(ValueError, match="unknown otb_shrinkage"):
         make_args(tmp_path, otb_shrinkage="kish")
+
+
+@pytest.mark.parametrize(
+    "estimator,options,differs",
+    [
+        ("rloo", {}, False),  # read against the others' mean, its own baseline
+        ("grpo", {"scale_rewards": "none"}, False),
+        ("otb", {"otb_leave_one_out": True, "otb_tail": "others_mean", "otb_proxy": "uniform"}, None),
+    ],
+)
+def test_the_trainer_reads_a_leave_one_out_baseline_against_the_others_mean(
+    tiny_model_dir, tmp_path, estimator, options, differs
+):
+    trainer = OTBTrainer(
+        tiny_model_dir,
+        reward_funcs=RecordingReward(),
+        args=make_args(tmp_path, advantage_estimator=estimator, **options),
+        train_dataset=prompts_dataset(),
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["otb/advantage_abs_max"] > 0  # precondition: the rewards differ within a group
+    if differs is False:
+        assert logged["otb/baseline_differs_frac"] == 0.0 and logged["otb/baseline_shift"] < 1e-6
+    else:  # uniform weights: the baseline is the others' mean wherever they are all still active
+        assert logged["otb/baseline_differs_frac"] < 1.0

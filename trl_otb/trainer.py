@@ -334,11 +334,12 @@ class OTBTrainer(GRPOTrainer):
         return compute_advantages(name, groups.rewards, groups.proxy, groups.mask, groups.group_ids, **options)
 
     def _otb_log(self, groups: GatheredGroups, advantages: torch.Tensor, mode: str) -> None:
-        """``otb/*`` metrics, and the completions table's advantage column."""
-        # Estimators that use no per-token weight log no proxy statistics (they would show the uniform proxy).
+        """``otb/*`` metrics (no proxy statistics where the estimator uses no per-token weight), and the table's
+        advantage column; leave-one-out baselines are compared with the others' mean (``otb_diagnostics``)."""
         proxy = groups.proxy if ESTIMATORS[self.args.advantage_estimator].uses_proxy else None
-        diagnostics = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids, groups.align)
-        for name, value in diagnostics.items():
+        loo = self.args.advantage_estimator == "rloo" or self.args.estimator_options().get("leave_one_out", False)
+        stats = otb_diagnostics(groups.rewards, advantages, proxy, groups.mask, groups.group_ids, groups.align, loo)
+        for name, value in stats.items():
             self._metrics[mode][f"otb/{name}"].append(value)
         self._otb_replace_table_advantages(advantages, groups.mask)
 

@@ -13,7 +13,7 @@ from trl_otb.core import otb_diagnostics
 from trl_otb.core.diagnostics import ADVANTAGE_KEYS, BASELINE_TOLERANCE, PROXY_KEYS
 
 
-def reference(rewards, adv, proxy, mask, group_ids):
+def reference(rewards, adv, proxy, mask, group_ids, leave_one_out=False):
     rows = [i for i in range(len(rewards)) if math.isfinite(rewards[i]) and mask[i].any()]
     tokens = [(i, t) for i in rows for t in range(mask.shape[1]) if mask[i, t]]
     w = [float(proxy[i, t]) for i, t in tokens]
@@ -25,7 +25,12 @@ def reference(rewards, adv, proxy, mask, group_ids):
         group_mean[i] = sum(members) / len(members)
         spread = math.sqrt(sum((r - group_mean[i]) ** 2 for r in members) / len(members))
         tolerance[i] = BASELINE_TOLERANCE * spread + 1e-6 * (1 + abs(group_mean[i]))
-    distance = {(i, t): abs(float(rewards[i]) - float(adv[i, t]) - group_mean[i]) for i, t in tokens}
+    equal = dict(group_mean)  # the equal-weight baseline: the group's mean, or (leave-one-out) the others'
+    if leave_one_out:
+        for i in rows:
+            others = [float(rewards[j]) for j in rows if group_ids[j] == group_ids[i] and j != i]
+            equal[i] = sum(others) / len(others) if others else group_mean[i]
+    distance = {(i, t): abs(float(rewards[i]) - float(adv[i, t]) - equal[i]) for i, t in tokens}
     differs = [distance[i, t] > tolerance[i] for i, t in tokens]
     spread = {i: (tolerance[i] - 1e-6 * (1 + abs(group_mean[i]))) / BASELINE_TOLERANCE for i in rows}
     shift = [distance[i, t] / spread[i] if spread[i] > 1e-9 else 0.0 for i, t in tokens]
@@ -47,8 +52,9 @@ def reference(rewards, adv, proxy, mask, group_ids):
     }
 
 
+@pytest.mark.parametrize("leave_one_out", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_diagnostics_match_a_direct_computation(seed):
+def test_diagnostics_match_a_direct_computation(seed, leave_one_out):
     g = torch.Generator().manual_seed(seed)
     B, T = 12, 7
     mask = (torch.rand(B, T, generator=g) < 0.75).long()
@@ -58,9 +64,9 @@ def test_diagnostics_match_a_direct_computation(seed):
     proxy = 2 * torch.rand(B, T, generator=g)
     proxy[mask == 0] = float("nan")  # values off the mask must not leak in
     group_ids = torch.arange(B) // 4
-    adv = otb_advantages(rewards, proxy, mask, group_ids, tail="zero")
-    got = otb_diagnostics(rewards, adv, proxy, mask, group_ids)
-    want = reference(rewards, adv, proxy, mask, group_ids)
+    adv = otb_advantages(rewards, proxy, mask, group_ids, tail="zero", leave_one_out=leave_one_out)
+    got = otb_diagnostics(rewards, adv, proxy, mask, group_ids, leave_one_out=leave_one_out)
+    want = reference(rewards, adv, proxy, mask, group_ids, leave_one_out)
     assert got.keys() == want.keys()
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key

@@ -38,6 +38,7 @@ def otb_diagnostics(
     mask: torch.Tensor,
     group_ids: torch.Tensor,
     align: str = "position",
+    leave_one_out: bool = False,
 ) -> dict[str, float]:
     """Diagnostics of one generation batch.
 
@@ -48,15 +49,19 @@ def otb_diagnostics(
             weights that played no part.
         align: how group members are compared (``"position"`` or ``"valid"``, as the estimator was called); it
             decides which tokens are alone.
+        leave_one_out: whether the estimator's baseline leaves the member out (leave-one-out OTB, RLOO); then the
+            baselines are compared with the other members' mean reward (RLOO's) instead of the group's.
 
     Returns a dict of floats. Always (:data:`ADVANTAGE_KEYS`):
         ``baseline_differs_frac``: share of valid tokens whose implied baseline ``B_t = R - A_t`` lies further from
-        the group's mean reward than :data:`BASELINE_TOLERANCE` times the group's reward standard deviation (plus
-        1e-6 relative, for rounding): where OTB's advantages differ from unscaled GRPO's by more than rounding. It
-        is 0 for unscaled GRPO (``scale="none"``) and for a tied group. With std scaling, ``A`` is not ``R - mean``,
-        so the std-scaled ``grpo`` arm reads above 0.
-        ``baseline_shift``: mean over valid tokens of ``|B_t - group mean| / group reward std`` (0 in a tied
-        group): how far, in units of the reward spread, the baseline moved from GRPO's. 0 for unscaled GRPO.
+        the equal-weight baseline (the group's mean reward; with ``leave_one_out``, the other valid members' mean)
+        than :data:`BASELINE_TOLERANCE` times the group's reward standard deviation (plus 1e-6 relative, for
+        rounding): where the energy weighting changed the advantages by more than rounding. It is 0 for unscaled
+        GRPO (``scale="none"``), for RLOO (with ``leave_one_out``) and for a tied group. With std scaling, ``A`` is
+        not ``R - mean``, so the std-scaled ``grpo`` arm reads above 0.
+        ``baseline_shift``: mean over valid tokens of ``|B_t - equal-weight baseline| / group reward std`` (0 in a
+        tied group): how far, in units of the reward spread, the weighting moved the baseline. 0 for unscaled GRPO
+        and for RLOO (with ``leave_one_out``).
         ``lone_token_frac``: share of valid tokens at an aligned position that no other valid member of the group
         reaches: where OTB's ``tail`` rule sets the baseline (the group cannot estimate one there).
         ``advantage_mean``, ``advantage_std``, ``advantage_abs_max``: over valid tokens.
@@ -86,8 +91,12 @@ def otb_diagnostics(
     group_mean = (group_sum(R, gid, G) / members)[gid]
     spread = (group_sum((R - group_mean).pow(2) * vf, gid, G) / members).sqrt()[gid]
     tolerance = BASELINE_TOLERANCE * spread + 1e-6 * (1 + group_mean.abs())
+    equal = group_mean  # the baseline with equal weights: the group's mean, or the others' (leave-one-out)
+    if leave_one_out:
+        others = (members[gid] - vf).clamp(min=1)
+        equal = torch.where(valid, (group_sum(R, gid, G)[gid] - R) / others, group_mean)
     baseline = R[:, None] - A
-    distance = (baseline - group_mean[:, None]).abs()
+    distance = (baseline - equal[:, None]).abs()
     differs = (distance > tolerance[:, None]) & m
     relative = torch.where(
         spread[:, None] > 0, distance / spread.clamp(min=torch.finfo(spread.dtype).tiny)[:, None], 0.0
