@@ -16,7 +16,8 @@ With ``tail="zero"`` or ``"none"`` (offset-dependent), three rules set B to 0 in
 member; ``tail="zero"``, for the one member that is strictly the longest, from the second-longest length on;
 ``leave_one_out=True``, where no other member is active (B then sums over the other active members only).
 
-With a shift-invariant tail (``zero_advantage``, ``others_mean``), each group's rewards are centred first, ``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
+With a shift-invariant tail (``zero_advantage``, ``others_mean``), each group's rewards are centred first,
+``R~_i = (R_i - min R) - mean_j (R_j - min R)`` over its valid members, and R~
 replaces R everywhere above. Where member i is alone at c (no other member active: the pooled sum would hold i alone,
 the leave-one-out sum nothing), its baseline is the fallback:
 
