@@ -40,7 +40,14 @@ from research.report.study2 import (
     study2_readme_table,
     study3_table,
 )
-from research.report.study4 import STUDY4_BLOCKS
+from research.report.study4 import (
+    first_batches_table,
+    study4_cell_table,
+    study4_decision_table,
+    study4_p1_table,
+    study4_rates_table,
+    study4_seed_table,
+)
 from research.report.tables import ROOT, Context
 from research.report.training import (
     efficiency_table,
@@ -118,7 +125,12 @@ BLOCKS = {
     "prescreen-yardstick": prescreen_yardstick,
     "gradient-check-example": gradient_check_example,
     "gradient-check-tasks": gradient_check_tasks,
-    **STUDY4_BLOCKS,
+    "study4-cell": _from_cell(study4_cell_table),
+    "study4-seeds": _from_cell(study4_seed_table),
+    "study4-rates": _from(study4_rates_table),
+    "study4-decision": _from(study4_decision_table),
+    "study4-p1": _from(study4_p1_table),
+    "first-batches": _from(first_batches_table),
 }
 
 

@@ -1,14 +1,12 @@
 """The estimator study's blocks (study 4: research/harness/training_study/study4.py and first_batches.py): each cell's
 arms against TRL's GRPO with the stuck runs, the per-seed rows, the tuned rates, the decision rule's table, prediction
 P1, and the real model's first batches. Each reads the study's summary JSON (``training_study4``,
-``first_batches``)."""
+``first_batches``), named in its block (pages.py)."""
 
 from __future__ import annotations
 
 from research.report.tables import auc_difference, markdown_table
 
-STUDY4 = "training_study4"
-FIRST_BATCHES = "first_batches"
 ARM_LABELS4 = {
     "grpo_N4": "TRL's GRPO (std-scaled)",
     "grpo_unscaled_N4": "GRPO, unscaled",
@@ -137,18 +135,3 @@ def first_batches_table(data: dict) -> str:
     counts = markdown_table(["qualifying batches", "drawn", "seeds"], ["---:"] * 3,
                             [[str(data["batches"]), str(draws["drawn"]), seeds]])  # fmt: skip
     return "\n".join([*markdown_table(header, ["---", *["---:"] * 5], rows), "", *counts])
-
-
-def _block(fn, stem: str):
-    """A block over the study's JSON ``stem``: ``fn(data, *args)``, followed by a link to it."""
-    return lambda ctx, *args: fn(ctx.load(stem), *args) + f"\n\n({ctx.link(stem)})"
-
-
-STUDY4_BLOCKS = {
-    "study4-cell": _block(study4_cell_table, STUDY4),
-    "study4-seeds": _block(study4_seed_table, STUDY4),
-    "study4-rates": _block(study4_rates_table, STUDY4),
-    "study4-decision": _block(study4_decision_table, STUDY4),
-    "study4-p1": _block(study4_p1_table, STUDY4),
-    "first-batches": _block(first_batches_table, FIRST_BATCHES),
-}

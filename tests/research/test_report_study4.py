@@ -86,9 +86,10 @@ def test_the_rates_table_marks_the_tuned_rate_and_the_decision_table_the_chosen_
 def test_the_blocks_render_from_the_studys_json_files(tmp_path):
     (tmp_path / "training_study4.json").write_text(json.dumps(_summary()))
     (tmp_path / "first_batches.json").write_text(json.dumps(_first_batches()))
-    assert set(report.STUDY4_BLOCKS) <= set(BLOCKS)
-    page = "\n".join(f"<!-- report: {kind}{' long' if 'cell' in kind or 'seeds' in kind else ''} -->\n<!-- /report -->"
-                     for kind in report.STUDY4_BLOCKS)  # fmt: skip
+    specs = ["study4-cell training_study4 long", "study4-seeds training_study4 long", "study4-rates training_study4",
+             "study4-decision training_study4", "study4-p1 training_study4", "first-batches first_batches"]  # fmt: skip
+    assert {spec.split()[0] for spec in specs} <= set(BLOCKS)
+    page = "\n".join(f"<!-- report: {spec} -->\n<!-- /report -->" for spec in specs)
     text = render(page, Context(results=tmp_path))
     assert "5/20 = 0.25 | 0.11-0.47 | -0.200" in text and "| 20 | 70 | 300-369 |" in text
     assert text.count("(training_study4.json)") == 0 and text.count("[training_study4.json]") == 5

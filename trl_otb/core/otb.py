@@ -226,7 +226,7 @@ def check_tail(tail: str, name: str = "tail") -> None:
             "(docs/options.md#otb_tail), or pin trl-otb==0.2.0 to keep it."
         )
     if tail not in TAILS:
-        raise ValueError(f"{name} must be one of {TAILS}, got {tail!r}.")
+        raise ValueError(f"unknown {name}={tail!r}; choose one of {list(TAILS)}.")
 
 
 def _prepare(rewards, proxy, mask, group_ids, *, eps, tail, is_weights, align) -> _Prepared:

@@ -242,18 +242,16 @@ def prediction_p1(cells: dict, prescreen: dict | None) -> dict:
 def summarise4(out: Path, quick: bool, meta: dict, prescreen: dict | None = None) -> dict:
     tuning, rates = summarise_tuning(out, quick)
     summary = {"meta": meta, "preregistration": STUDY4, "tuning": tuning, "rates": rates, "cells": {}}
+    runs, specs = {}, {}  # the finished cells' runs and specs, for the summary and the figures
     for cell in STUDY4["cells"]:
-        runs = _load_runs(out, quick, cell)
-        if runs:
-            spec = dict(base_cell(cell, quick, out), learning_rate=None)
-            summary["cells"][cell] = summarise_cell4(runs, spec)
+        if mine := _load_runs(out, quick, cell):
+            runs[cell], specs[cell] = mine, dict(base_cell(cell, quick, out), learning_rate=None)
+            summary["cells"][cell] = summarise_cell4(mine, specs[cell])
     summary["gate"] = gate(prescreen)
     summary["prediction_p1"] = None if quick else prediction_p1(summary["cells"], prescreen)
     summary["decision"] = None if quick else decide(summary["cells"], summary["gate"])
     write_json(Path(out) / f"{_folder(quick)}.json", summary)
-    runs = {cell: _load_runs(out, quick, cell) for cell in summary["cells"]}
     try:
-        specs = {cell: dict(base_cell(cell, quick, out), learning_rate=None) for cell in summary["cells"]}
         plot(runs, specs, Path(out) / f"{_folder(quick)}.png", list(ARMS4))
         plot_differences(summary, Path(out) / f"{_folder(quick)}_auc.png")
     except ImportError as error:  # matplotlib is in the dev extra
