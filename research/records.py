@@ -5,6 +5,7 @@ code reads (``training_study2/long/grpo_N4-s0.json``). ``expand`` writes them ba
 study's own ``--summary`` rebuilds its summary from them (tests/research/test_rebuild.py).
 
     python -m research.records compact benchmarks/results training_study2 research/training_study2/records.jsonl.gz
+    python -m research.records compact .cache/estimator_study training_study4 first_batches research/estimator_study/records.jsonl.gz
     python -m research.records expand research/training_study2/records.jsonl.gz /tmp/results
 """
 
@@ -16,11 +17,17 @@ import json
 from pathlib import Path
 
 
-def compact(results: Path, folder: str, out: Path) -> int:
-    """Every ``*.json`` below ``results/folder``, sorted by path, as lines of ``out``; returns how many."""
-    paths = sorted((results / folder).rglob("*.json"))
-    if not paths:
-        raise FileNotFoundError(f"no run records below {results / folder}")
+def compact(results: Path, folder: str | list[str], out: Path) -> int:
+    """Every ``*.json`` below ``results/folder`` (each of several folders), sorted by path, as lines of ``out``;
+    returns how many."""
+    folders = [folder] if isinstance(folder, str) else list(folder)
+    paths = []
+    for name in folders:
+        found = sorted((results / name).rglob("*.json"))
+        if not found:
+            raise FileNotFoundError(f"no run records below {results / name}")
+        paths += found
+    paths.sort()
     # mtime=0: the same records give the same bytes, so git sees no change when nothing changed.
     with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
         for path in paths:
@@ -51,9 +58,9 @@ def expand(records: Path, dest: Path) -> list[Path]:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m research.records", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compact", help="RESULTS/FOLDER/**/*.json -> OUT")
+    c = sub.add_parser("compact", help="RESULTS/FOLDER/**/*.json (one or more folders) -> OUT")
     c.add_argument("results", type=Path)
-    c.add_argument("folder")
+    c.add_argument("folder", nargs="+")
     c.add_argument("out", type=Path)
     e = sub.add_parser("expand", help="RECORDS -> DEST/<path>")
     e.add_argument("records", type=Path)

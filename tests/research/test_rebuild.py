@@ -65,6 +65,14 @@ def test_records_round_trip_and_refuse_paths_that_leave_the_folder(tmp_path):
     written = records.expand(out, tmp_path / "again")
     assert [p.relative_to(tmp_path / "again").as_posix() for p in written] == ["study/cell/arm-s0.json"]
     assert json.loads(written[0].read_text()) == {"auc": 0.5, "curve": [0.1, 0.2]}
+    other = tmp_path / "results" / "batches"
+    other.mkdir()
+    (other / "s1.json").write_text(json.dumps({"seed": 1}))
+    both = tmp_path / "both.jsonl.gz"
+    assert records.compact(tmp_path / "results", ["study", "batches"], both) == 2  # one file for a study's two parts
+    assert set(records.read(both)) == {"study/cell/arm-s0.json", "batches/s1.json"}
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        records.compact(tmp_path / "results", ["study", "nothing"], both)
     bad = tmp_path / "bad.jsonl.gz"
     with gzip.open(bad, "wt") as f:
         f.write(json.dumps({"path": "../escape.json", "record": {}}) + "\n")
