@@ -32,6 +32,14 @@ STUDIES = [
         None,
     ),
     (
+        "estimator_study",
+        "training_study4",
+        "toy, study 4",
+        "`otb_leave_one_out=True`, ESS",
+        "otb_loo_ess-grpo_N4",
+        None,
+    ),
+    (
         "real_model",
         "real_model_study_reach",
         "SmolLM2-135M",
