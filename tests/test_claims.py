@@ -110,7 +110,7 @@ def test_estimator_options_are_the_functions_keyword_arguments_by_name():
         "tail": "others_mean",
         "align": "position",
         "leave_one_out": True,
-        "shrinkage": "none",
+        "shrinkage": "ess",  # None resolved: leave-one-out with "others_mean" takes the ESS shrinkage
     }
     assert config.estimator_options(align="valid")["align"] == "valid"
     assert OTBConfig(**CPU, advantage_estimator="ogb").estimator_options() == {"eps": 1e-8}

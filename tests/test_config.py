@@ -16,8 +16,9 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
     args = OTBConfig(**CPU)
     assert (args.advantage_estimator, args.otb_proxy, args.num_generations) == ("otb", "logit", 4)
     assert args.scale_rewards == "none" and args.otb_epsilon == 1e-8
-    # the second training study's decision (benchmarks/results/training_study2.json), a shift-invariant tail
-    assert (args.otb_tail, args.otb_leave_one_out) == ("zero_advantage", False)
+    # study 4's decision (research/estimator_study): exactly unbiased leave-one-out OTB, the ESS shrinkage
+    assert (args.otb_tail, args.otb_leave_one_out, args.otb_shrinkage) == ("others_mean", True, None)
+    assert args.estimator_options()["shrinkage"] == "ess"
 
 
 @pytest.mark.parametrize(
@@ -40,7 +41,7 @@ def test_defaults_are_otb_with_four_generations_and_raw_advantages():
         ({"loss_type": "a_future_loss"}, "token by token"),
         ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
         # An option the chosen estimator does not take is refused, not silently dropped.
-        ({"advantage_estimator": "rloo", "otb_leave_one_out": True}, "otb_leave_one_out=True has no effect"),
+        ({"advantage_estimator": "rloo", "otb_leave_one_out": False}, "otb_leave_one_out=False has no effect"),
         ({"advantage_estimator": "ogb", "otb_tail": "none"}, "otb_tail='none' has no effect"),
         ({"advantage_estimator": "opo", "otb_align": "valid"}, "otb_align='valid' has no effect"),
         ({"advantage_estimator": "grpo", "otb_epsilon": 1e-6}, "otb_epsilon=1e-06 has no effect"),

@@ -11,7 +11,7 @@ from typing import Literal, get_origin, get_type_hints
 
 from trl import GRPOConfig
 
-from .core import ALIGNS, ESTIMATORS, SHRINKAGES, check_tail
+from .core import ALIGNS, ESTIMATORS, SHRINKAGES, check_tail, resolve_shrinkage
 
 # The per-token weights training can use (trl_otb.fidelity compares more candidates, offline).
 TRAINING_PROXIES = ("logit", "uniform")
@@ -44,14 +44,16 @@ class OTBConfig(GRPOConfig):
             Per-token weight w_t of the energy: `"logit"` (1 - 2 pi(y_t) + sum_v pi(v)^2) or `"uniform"` (w_t = 1).
         otb_epsilon (`float`, *optional*, defaults to `1e-8`):
             Added to the baseline's denominator sum_i W_t^(i).
-        otb_tail (`str`, *optional*, defaults to `"zero_advantage"`):
-            The baseline at a token no other member of the group shares; `"zero_advantage"` gives advantage 0 there.
+        otb_tail (`str`, *optional*, defaults to `"others_mean"`):
+            The baseline at a token no other member of the group shares; `"others_mean"`: the others' mean reward.
         otb_align (`str` or `None`, *optional*, defaults to `None`):
             Compare members at the same index (`"position"`) or k-th model token (`"valid"`); `None` picks by tool mask.
-        otb_leave_one_out (`bool`, *optional*, defaults to `False`):
-            Each member's baseline uses only the other members of its group.
-        otb_shrinkage (`str`, *optional*, defaults to `"none"`):
-            `"ess"` shrinks the leave-one-out baseline toward the others' mean by its effective sample size.
+        otb_leave_one_out (`bool`, *optional*, defaults to `True`):
+            Each member's baseline uses only the other members of its group (exactly unbiased; Li et al.'s OTB
+            includes the member itself).
+        otb_shrinkage (`str` or `None`, *optional*, defaults to `None`):
+            `"ess"` shrinks the leave-one-out baseline toward the others' mean by its effective sample size; `None`
+            means `"ess"` where it applies (leave-one-out with `otb_tail="others_mean"`) and `"none"` elsewhere.
         otb_fidelity_check_steps (`int`, *optional*, defaults to `0`):
             Every this many optimizer steps, check the proxy against exact per-token gradient norms; 0 turns it off.
         otb_fidelity_rows (`int`, *optional*, defaults to `2`):
@@ -83,10 +85,10 @@ class OTBConfig(GRPOConfig):
         metadata={"help": "Added to the baseline's denominator sum_i W_t m_t. See docs/options.md#otb_epsilon."},
     )
     otb_tail: str = field(
-        default="zero_advantage",
+        default="others_mean",
         metadata={
-            "help": "The baseline at a token no other member of the group shares; 'zero_advantage' gives advantage 0 "
-            "there. See docs/options.md#otb_tail."
+            "help": "The baseline at a token no other member of the group shares; 'others_mean' is the other "
+            "members' mean reward. See docs/options.md#otb_tail."
         },
     )
     otb_align: str | None = field(
@@ -97,17 +99,18 @@ class OTBConfig(GRPOConfig):
         },
     )
     otb_leave_one_out: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "Each member's baseline uses only the other members of its group. "
             "See docs/options.md#otb_leave_one_out."
         },
     )
-    otb_shrinkage: str = field(
-        default="none",
+    otb_shrinkage: str | None = field(
+        default=None,
         metadata={
             "help": "'ess' shrinks the leave-one-out baseline toward the others' mean by its effective sample size "
-            "(needs otb_leave_one_out=True, otb_tail='others_mean'). See docs/options.md#otb_shrinkage."
+            "(needs otb_leave_one_out=True, otb_tail='others_mean'); None: 'ess' where it applies, else 'none'. "
+            "See docs/options.md#otb_shrinkage."
         },
     )
     otb_fidelity_check_steps: int = field(
@@ -161,6 +164,7 @@ class OTBConfig(GRPOConfig):
         """
         options = {option: value for option, (_, value) in self._option_fields().items()}
         options["align"] = align or self.otb_align or "position"
+        options["shrinkage"] = resolve_shrinkage(self.otb_shrinkage, self.otb_tail, self.otb_leave_one_out)
         taken = ESTIMATORS[self.advantage_estimator].options
         return {option: value for option, value in options.items() if option in taken}
 
@@ -191,9 +195,11 @@ class OTBConfig(GRPOConfig):
             _fail(str(error))
         if self.otb_align is not None and self.otb_align not in ALIGNS:
             _fail(f"unknown otb_align={self.otb_align!r}; choose one of {list(ALIGNS)} or None (automatic).")
-        if self.otb_shrinkage not in SHRINKAGES:
-            _fail(f"unknown otb_shrinkage={self.otb_shrinkage!r}; choose one of {list(SHRINKAGES)}.")
-        if self.otb_shrinkage != "none" and not (self.otb_leave_one_out and self.otb_tail == "others_mean"):
+        if self.otb_shrinkage is not None and self.otb_shrinkage not in SHRINKAGES:
+            _fail(f"unknown otb_shrinkage={self.otb_shrinkage!r}; choose one of {list(SHRINKAGES)} or None.")
+        if self.otb_shrinkage not in (None, "none") and not (
+            self.otb_leave_one_out and self.otb_tail == "others_mean"
+        ):
             _fail(
                 f"otb_shrinkage={self.otb_shrinkage!r} shrinks the leave-one-out baseline toward the other members' "
                 f"mean, so it needs otb_leave_one_out=True and otb_tail='others_mean' (got otb_leave_one_out="

@@ -33,6 +33,7 @@ from .otb import (
     check_tail,
     otb_advantages,
     otb_terms,
+    resolve_shrinkage,
 )
 from .proxy import compute_dtype, logit_gradient_proxy, sum_pi_squared, uniform_proxy
 from .yardstick import yardstick, yardstick_from_products
@@ -61,6 +62,7 @@ __all__ = [
     "otb_diagnostics",
     "check_tail",
     "otb_terms",
+    "resolve_shrinkage",
     "register_estimator",
     "rloo_advantages",
     "sum_pi_squared",

@@ -74,6 +74,7 @@ __all__ = [
     "check_tail",
     "otb_advantages",
     "otb_terms",
+    "resolve_shrinkage",
     "token_weights",
 ]
 
@@ -116,11 +117,11 @@ def otb_advantages(
     group_ids: torch.Tensor,
     *,
     eps: float = 1e-8,
-    tail: str = "zero_advantage",
+    tail: str = "others_mean",
     is_weights: torch.Tensor | None = None,
     align: str = "position",
-    leave_one_out: bool = False,
-    shrinkage: str = "none",
+    leave_one_out: bool = True,
+    shrinkage: str | None = None,
 ) -> torch.Tensor:
     """Optimal Token Baseline advantages (the formula in this module's docstring).
 
@@ -156,7 +157,7 @@ def otb_advantages(
     Returns:
         ``[B, T]`` advantages in fp32 (fp64 when ``proxy`` is fp64), finite for finite inputs.
     """
-    _check_shrinkage(shrinkage, tail, leave_one_out)
+    shrinkage = resolve_shrinkage(shrinkage, tail, leave_one_out)
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
     baseline = _baseline(
         p, eps, tail, leave_one_out, shrinkage
@@ -171,14 +172,14 @@ def otb_terms(
     group_ids,
     *,
     eps=1e-8,
-    tail="zero_advantage",
+    tail="others_mean",
     is_weights=None,
     align="position",
-    leave_one_out=False,
-    shrinkage="none",
+    leave_one_out=True,
+    shrinkage=None,
 ) -> OTBTerms:
     """OTB advantages with the baseline and energy they came from. Arguments (and types) as :func:`otb_advantages`."""
-    _check_shrinkage(shrinkage, tail, leave_one_out)
+    shrinkage = resolve_shrinkage(shrinkage, tail, leave_one_out)
     p = _prepare(rewards, proxy, mask, group_ids, eps=eps, tail=tail, is_weights=is_weights, align=align)
     baseline = _baseline(p, eps, tail, leave_one_out, shrinkage)
     return OTBTerms(
@@ -207,7 +208,11 @@ class _Prepared:
         return x if self.index is None else scatter_back(x, self.index)
 
 
-def _check_shrinkage(shrinkage: str, tail: str, leave_one_out: bool) -> None:
+def resolve_shrinkage(shrinkage: str | None, tail: str, leave_one_out: bool) -> str:
+    """``shrinkage`` checked against ``tail`` and ``leave_one_out``; ``None`` is ``"ess"`` where it applies
+    (``leave_one_out=True`` with ``tail="others_mean"``) and ``"none"`` elsewhere."""
+    if shrinkage is None:
+        return "ess" if leave_one_out and tail == "others_mean" else "none"
     if shrinkage not in SHRINKAGES:
         raise ValueError(f"shrinkage must be one of {SHRINKAGES}, got {shrinkage!r}.")
     if shrinkage != "none" and not (leave_one_out and tail == "others_mean"):
@@ -216,6 +221,7 @@ def _check_shrinkage(shrinkage: str, tail: str, leave_one_out: bool) -> None:
             f"leave_one_out=True and tail='others_mean' (got leave_one_out={leave_one_out}, tail={tail!r}). Set "
             "both, or shrinkage='none'."
         )
+    return shrinkage
 
 
 def check_tail(tail: str, name: str = "tail") -> None:

@@ -54,11 +54,11 @@ def reference_otb(
     group_ids,
     *,
     eps=1e-8,
-    tail="zero_advantage",
+    tail="others_mean",
     is_weights=None,
     align="position",
-    leave_one_out=False,
-    shrinkage="none",
+    leave_one_out=True,
+    shrinkage=None,
 ):
     """OTB advantages by loops. Arguments as :func:`trl_otb.otb_advantages`, as nested Python lists (``rewards`` [B],
     ``proxy`` and ``mask`` [B][T], ``group_ids`` [B], ``is_weights`` [B][T] or [B][1] or None).
@@ -68,6 +68,8 @@ def reference_otb(
     member for leave-one-out; with a shift-invariant tail: the fallback, wherever member i is alone)."""
     if tail not in ("zero", "none", "zero_advantage", "others_mean"):
         raise ValueError(f"reference_otb has no tail {tail!r}")
+    if shrinkage is None:  # as the library resolves it
+        shrinkage = "ess" if leave_one_out and tail == "others_mean" else "none"
     B = len(rewards)
     T = len(mask[0]) if B else 0
     valid = [math.isfinite(rewards[i]) and any(mask[i]) for i in range(B)]
