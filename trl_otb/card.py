@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from .bnb import is_4bit_model
+from .core import resolve_shrinkage
 
 __all__ = ["TEMPLATE_FRAGMENTS", "adapter_kind", "adapter_quick_start", "extend_model_card", "otb_settings_section"]
 
@@ -60,7 +61,7 @@ def otb_settings_section(args) -> str:
         ("tail", args.otb_tail),
         ("epsilon", args.otb_epsilon),
         ("leave-one-out", args.otb_leave_one_out),
-        ("shrinkage", args.otb_shrinkage),
+        ("shrinkage", resolve_shrinkage(args.otb_shrinkage, args.otb_tail, args.otb_leave_one_out)),
         ("loss_type", args.loss_type),
         ("KL beta", args.beta),
         ("max_completion_length", args.max_completion_length),
