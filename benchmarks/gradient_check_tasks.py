@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import command, write_json
+from benchmarks.variance.estimators import yardstick_estimators
 from benchmarks.variance.sampling import COUNT_PREFIX, count_reward
+from trl_otb.core import resolve_shrinkage
 
 CELLS = {
     "math64": {"max_completion_length": 64, "temperature": 1.0, "pool": 16, "prompts": 16},
@@ -31,7 +33,36 @@ PRESCREEN = {  # the variance tool's run of the same cell (research/estimator_st
     "count256": ("prescreen_reach_init.json", "256"),
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "gradient_check_tasks.json"
-ESTIMATORS = ("grpo_std", "grpo", "rloo", "ogb", "otb_default", "otb_others_mean_loo", "otb_others_mean_loo_ess")
+
+
+def _same(a: tuple[str, dict], b: tuple[str, dict]) -> bool:
+    """Whether two (estimator, options) compute the same advantages: eps left out, OTB's shrinkage resolved."""
+
+    def norm(estimator, options):
+        options = {k: v for k, v in options.items() if k != "eps"}
+        if estimator == "otb":
+            tail, loo = options.get("tail", "others_mean"), options.get("leave_one_out", True)
+            options = {
+                "tail": tail,
+                "leave_one_out": loo,
+                "shrinkage": resolve_shrinkage(options.get("shrinkage"), tail, loo),
+            }
+        return estimator, options
+
+    return norm(*a) == norm(*b)
+
+
+def variance_rows(report: dict, table: dict) -> dict:
+    """Per row of a gradient-check report, the variance tool's cos and eps_star for the estimator computing the same
+    advantages (matched by the options each file records, not by name: the default's row changes with the default)."""
+    tool = yardstick_estimators()
+    out = {}
+    for name, spec in report["meta"]["estimators"].items():
+        match = [v for v, (e, o) in tool.items() if _same((spec["estimator"], spec["options"]), (e, o))]
+        if match and f"N=4/{match[0]}" in table:
+            row = table[f"N=4/{match[0]}"]
+            out[name] = {"cos": row["cos"], "eps_star": row["eps_star"]}
+    return out
 
 
 def cell_inputs(cell: str):
@@ -113,24 +144,22 @@ def summary(out: Path, results: Path = RESULTS) -> dict:
         for space, report in runs.items():
             entry["spaces"][space] = {
                 "meta": {k: report["meta"][k] for k in ("prompts", "informative_prompts", "pool_size", "seconds")},
-                "rows": {e: {k: report["rows"][e][k] for k in ("cos", "cos_ci", "eps_star", "eps_star_ci")} for e in ESTIMATORS},
+                "rows": {e: {k: row[k] for k in ("cos", "cos_ci", "eps_star", "eps_star_ci")} for e, row in report["rows"].items()},
                 "reading": report["reading"],
             }  # fmt: skip
         name, horizon = PRESCREEN[cell]
         tool = json.loads((prescreen / name).read_text())["results"]["lm_head"][horizon]["yardstick"]
+        first = next(iter(runs.values()))
         entry["variance_tool"] = {
             "file": f"research/estimator_study/prescreen/{name}",
-            "rows": {
-                e: {"cos": tool["table"][f"N=4/{e}"]["cos"], "eps_star": tool["table"][f"N=4/{e}"]["eps_star"]}
-                for e in ESTIMATORS
-                if f"N=4/{e}" in tool["table"]
-            },
+            "rows": variance_rows(first, tool["table"]),
         }
         spaces = list(entry["spaces"])
         for i, a in enumerate(spaces):
             for b in spaces[i + 1 :]:
-                ea = [entry["spaces"][a]["rows"][e]["eps_star"] for e in ESTIMATORS]
-                eb = [entry["spaces"][b]["rows"][e]["eps_star"] for e in ESTIMATORS]
+                names = [e for e in entry["spaces"][a]["rows"] if e in entry["spaces"][b]["rows"]]
+                ea = [entry["spaces"][a]["rows"][e]["eps_star"] for e in names]
+                eb = [entry["spaces"][b]["rows"][e]["eps_star"] for e in names]
                 entry["rank_agreement"][f"{a} vs {b}"] = _spearman(ea, eb)
         result["cells"][cell] = entry
     write_json(results, result)

@@ -12,7 +12,7 @@ SUMMARY = "research/estimator_study/prescreen/summary.json"
 ARMS = {
     "grpo_N4": "TRL's GRPO",
     "grpo_unscaled_N4": "unscaled GRPO",
-    "otb_default": "default OTB",
+    "otb_default": "OTB, self-inclusive (0.2.0 default)",
     "otb_loo_mean": "OTB, leave-one-out",
     "otb_loo_ess": "OTB, leave-one-out, ESS",
     "ogb_N4": "OGB",

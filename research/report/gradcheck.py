@@ -13,9 +13,18 @@ NAMES = {
     "rloo": "RLOO",
     "ogb": "OGB",
     "otb_default": "default OTB",
+    "otb_self_inclusive": "OTB, self-inclusive (0.2.0 default)",
     "otb_others_mean_loo": "OTB, leave-one-out, others' mean",
     "otb_others_mean_loo_ess": "the same, ESS-shrunk",
 }
+
+
+def _names(rows: dict) -> dict:
+    """The labels for a file's rows. A file without an ``otb_self_inclusive`` row was measured when the default OTB
+    was the self-inclusive one (trl-otb 0.2.0), so its ``otb_default`` row is labelled as that."""
+    if "otb_self_inclusive" in rows:
+        return NAMES
+    return {**NAMES, "otb_default": NAMES["otb_self_inclusive"]}
 
 
 def gradient_check_example(ctx: Context, stem: str) -> str:
@@ -37,7 +46,10 @@ def gradient_check_tasks(ctx: Context, stem: str) -> str:
         header = ["estimator"] + [f"{s}: eps_star [95% CI]" for s in spaces] + [f"{s}: cos" for s in spaces]
         header += ["variance tool: eps_star", "variance tool: cos"]
         rows = []
-        for name, label in NAMES.items():
+        measured = entry["spaces"][spaces[0]]["rows"]
+        for name, label in _names(measured).items():
+            if name not in measured:
+                continue
             tool = entry["variance_tool"]["rows"].get(name)
             rows.append(
                 [label]

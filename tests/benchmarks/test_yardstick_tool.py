@@ -31,7 +31,7 @@ def estimator(name, **options):
 ESTIMATORS = {
     "grpo": estimator("grpo", scale="none"),
     "rloo": estimator("rloo"),
-    "otb_default": estimator("otb", tail="zero_advantage"),
+    "otb_self_inclusive": estimator("otb", tail="zero_advantage", leave_one_out=False, shrinkage="none"),
 }
 CALIBRATED = ("grpo", "rloo")
 
@@ -104,14 +104,14 @@ def test_grpo_and_rloo_point_along_the_true_gradient_with_their_known_scales(mea
             assert covers(row, key, truth[key]), (name, key, row[key], truth[key])
 
 
-def test_the_default_otbs_direction_bias_is_found_where_its_exact_moments_put_it():
+def test_the_self_inclusive_otbs_direction_bias_is_found_where_its_exact_moments_put_it():
     """On a toy where self-inclusive OTB's mean is far off the true gradient (exact cos 0.953), the estimated cos,
     scale, snr, eps_star and kappa cover the exact values, and the paired difference to GRPO is found."""
     policy = toy_policy(length=3, vocab=3, seed=10, scale=1.5)
     g = policy.true_gradient()
-    names = ("grpo", "otb_default")
+    names = ("grpo", "otb_self_inclusive")
     truth = {name: yardstick(*policy.exact_moments(ESTIMATORS[name], N), g, B) for name in names}
-    assert truth["otb_default"]["cos"] < 0.96 and truth["grpo"]["cos"] == pytest.approx(1.0, abs=1e-6)
+    assert truth["otb_self_inclusive"]["cos"] < 0.96 and truth["grpo"]["cos"] == pytest.approx(1.0, abs=1e-6)
     samples = {name: (lambda groups, est=ESTIMATORS[name]: policy.group_gradients(groups, est)) for name in names}
     rows, paired = summarise_yardstick(
         toy_cells(policy, g, samples, seed=4), [N], list(names), B, 1000, torch.Generator().manual_seed(1)
@@ -119,7 +119,7 @@ def test_the_default_otbs_direction_bias_is_found_where_its_exact_moments_put_it
     for name in names:
         for key in ("cos", "scale", "snr", "eps_star", "kappa"):
             assert covers(rows[f"N={N}/{name}"], key, truth[name][key]), (name, key, rows[f"N={N}/{name}"][key])
-    assert paired[f"N={N}/otb_default-grpo"]["cos"]["diff_ci"][1] < 0
+    assert paired[f"N={N}/otb_self_inclusive-grpo"]["cos"]["diff_ci"][1] < 0
 
 
 def test_a_planted_orthogonal_bias_is_caught_by_cos_and_rewarded_by_the_rescaled_variance(measured):

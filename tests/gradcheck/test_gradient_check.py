@@ -21,7 +21,8 @@ from trl_otb.testing.tiny import save_tiny_checkpoint, tiny_model_and_tokenizer
 from trl_otb.testing.trainer_setup import make_args, prompts_dataset
 
 KEYS = ("cos", "scale", "snr", "eps_star", "kappa", "signal_kept")
-ESTIMATORS = ("otb_default", "grpo_std", "grpo", "rloo", "ogb", "otb_others_mean_loo", "otb_others_mean_loo_ess")
+ESTIMATORS = ("otb_default", "grpo_std", "grpo", "rloo", "ogb", "otb_self_inclusive", "otb_others_mean_loo")
+# the default is leave-one-out OTB with ESS shrinkage, so its named twin (otb_others_mean_loo_ess) has no row
 
 
 def varied_reward(completions, completion_ids, **kwargs):
@@ -152,7 +153,18 @@ def test_a_config_the_trainer_refuses_is_refused_with_the_trainers_message(tmp_p
 def test_your_estimator_gets_its_own_row_when_it_is_none_of_the_listed():
     assert "yours" not in estimators_for(OTBConfig(output_dir="x", use_cpu=True, bf16=False))
     mine = estimators_for(OTBConfig(output_dir="x", use_cpu=True, bf16=False, otb_tail="zero"))
-    assert mine["yours"] == ("otb", {"eps": 1e-8, "tail": "zero", "leave_one_out": False, "shrinkage": "none"})
+    assert mine["yours"] == ("otb", {"eps": 1e-8, "tail": "zero", "leave_one_out": True, "shrinkage": "none"})
+    plain = estimators_for(OTBConfig(output_dir="x", use_cpu=True, bf16=False, otb_shrinkage="none"))
+    assert "yours" not in plain  # plain leave-one-out is a named row (otb_others_mean_loo)
+
+
+def test_the_default_row_is_otbconfigs_default_and_a_named_twin_of_it_is_not_repeated():
+    estimators = estimators_for()
+    configured = OTBConfig(output_dir="x", use_cpu=True, bf16=False).estimator_options()
+    assert estimators["otb_default"] == ("otb", {k: v for k, v in configured.items() if k != "align"})
+    options = {k: v for k, v in estimators["otb_default"][1].items() if k != "eps"}
+    assert options == {"tail": "others_mean", "leave_one_out": True, "shrinkage": "ess"}  # precondition: the twin
+    assert "otb_others_mean_loo_ess" not in estimators and tuple(estimators) == ESTIMATORS
 
 
 def _known_pool(M=12, T=6, D=40, seed=0):
@@ -168,7 +180,8 @@ def _known_pool(M=12, T=6, D=40, seed=0):
 
 def test_the_check_is_calibrated_where_the_answer_is_known():
     """In the score-centred pool unscaled GRPO's mean is exactly (1 - 1/N) g and RLOO's exactly g: cos 1, scales
-    3/4 and 1 (precondition: the pools' rewards differ); and the self-inclusive default's mean leans off g."""
+    3/4 and 1 (precondition: the pools' rewards differ), and so are the leave-one-out OTBs' (the default among
+    them); Li et al.'s self-inclusive OTB's mean leans off g."""
     estimators = estimators_for()
     cells = []
     for seed in range(12):
@@ -176,11 +189,11 @@ def test_the_check_is_calibrated_where_the_answer_is_known():
         assert pool["rewards"].unique().numel() > 1
         cells.append(prompt_cells(space, pool, 4, 600, torch.Generator().manual_seed(seed), estimators))
     rows, _ = summarise(cells, estimators, batch=4, boot=200, seed=0)
-    for name, scale in (("grpo", 0.75), ("rloo", 1.0), ("otb_others_mean_loo", 1.0), ("otb_others_mean_loo_ess", 1.0)):
+    for name, scale in (("grpo", 0.75), ("rloo", 1.0), ("otb_others_mean_loo", 1.0), ("otb_default", 1.0)):
         lo, hi = rows[name]["scale_ci"]
         assert lo < scale < hi and abs(rows[name]["scale"] - scale) < 0.03, (name, rows[name]["scale"])
         assert rows[name]["cos"] > 0.995, (name, rows[name]["cos"])
-    assert rows["otb_default"]["cos_ci"][1] < 0.99  # biased in direction, and the check sees it
+    assert rows["otb_self_inclusive"]["cos_ci"][1] < 0.99  # biased in direction, and the check sees it
 
 
 def test_the_command_takes_a_tiny_model_a_lora_adapter_and_a_yaml_recipe(tmp_path, capsys):

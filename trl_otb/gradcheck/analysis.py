@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from ..config import OTBConfig
-from ..core import compute_advantages
+from ..core import compute_advantages, resolve_shrinkage
 from . import gram
 from .stats import estimate, paired_differences
 
@@ -26,36 +26,45 @@ CONTROLS = {"grpo": "unscaled GRPO", "grpo_std": "TRL's GRPO"}
 
 
 def _default_otb() -> dict:
-    """``OTBConfig()``'s estimator options (its field defaults: no config is built)."""
+    """``OTBConfig()``'s estimator options (its field defaults, resolved: no config is built)."""
     defaults = {f.name: f.default for f in dataclasses.fields(OTBConfig)}
+    tail, leave_one_out = defaults["otb_tail"], defaults["otb_leave_one_out"]
     return {
-        "tail": defaults["otb_tail"],
-        "leave_one_out": defaults["otb_leave_one_out"],
-        "shrinkage": defaults["otb_shrinkage"],
+        "tail": tail,
+        "leave_one_out": leave_one_out,
+        "shrinkage": resolve_shrinkage(defaults["otb_shrinkage"], tail, leave_one_out),
         "eps": defaults["otb_epsilon"],
     }
 
 
+def _without_eps(options: dict) -> dict:
+    return {k: v for k, v in options.items() if k != "eps"}
+
+
 def estimators_for(args: OTBConfig | None = None) -> dict:
     """Name -> (estimator, options): the default OTB (``OTBConfig()``'s), TRL's GRPO (std-scaled), unscaled GRPO,
-    RLOO, OGB and the exactly unbiased OTB options (leave-one-out with the others' mean at lone tokens, and the same
-    ESS-shrunk), named as the variance tool names them; plus ``yours``, ``args``'s estimator, when it is none of
-    these."""
-    out = {
-        "otb_default": ("otb", _default_otb()),
+    RLOO, OGB, Li et al.'s self-inclusive OTB (with the shift-invariant ``"zero_advantage"`` tail, trl-otb 0.2.0's
+    default) and the exactly unbiased OTB options (leave-one-out with the others' mean at lone tokens, and the same
+    ESS-shrunk), named as the variance tool names them (it calls the self-inclusive one ``otb_default``, its
+    default in the 0.2.0 measurements); a named option equal to the default is left out (the default's row is it). Plus ``yours``, ``args``'s estimator, when it is none of these."""
+    default = _default_otb()
+    named = {
         "grpo_std": ("grpo", {"scale": "group"}),
         "grpo": ("grpo", {"scale": "none"}),
         "rloo": ("rloo", {}),
         "ogb": ("ogb", {}),
+        "otb_self_inclusive": ("otb", {"tail": "zero_advantage", "leave_one_out": False, "shrinkage": "none"}),
         "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "none"}),
         "otb_others_mean_loo_ess": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "ess"}),
     }
+    out = {"otb_default": ("otb", default)}
+    out.update({k: v for k, v in named.items() if v != ("otb", _without_eps(default))})
     if args is not None:
         yours = (args.advantage_estimator, {k: v for k, v in args.estimator_options().items() if k != "align"})
         if args.advantage_estimator == "grpo":
             yours = ("grpo", {"scale": "none" if args.scale_rewards in ("none", False) else "group"})
-        known = [(e, {k: v for k, v in o.items() if k != "eps"}) for e, o in out.values()]
-        if (yours[0], {k: v for k, v in yours[1].items() if k != "eps"}) not in known:
+        known = [(e, _without_eps(o)) for e, o in out.values()]
+        if (yours[0], _without_eps(yours[1])) not in known:
             out["yours"] = yours
     return out
 
