@@ -37,6 +37,9 @@ active), ``tail`` chooses the baseline:
   each. Then A(R + c) = A(R), A(aR) = a A(R) for a > 0, up to rounding, and a tie gives A = 0 exactly.
   The shift-invariant fallbacks that no measurement supported were removed after 0.2.0 (:data:`REMOVED_TAILS`).
 
+The defaults (``OTBConfig``'s) are leave-one-out with ``"others_mean"`` and ``"ess"`` shrinkage: exactly unbiased
+and shift-invariant. ``leave_one_out=False, tail="zero"`` is verl's reference.
+
 Exactly unbiased: ``leave_one_out=True`` with any tail but ``"zero_advantage"`` forms member i's baseline from the
 other members only (whether a position is lone is decided by the others' activity), so E[s_t b_t] = 0.
 ``"zero_advantage"`` is not: its lone baseline is the member's own R_i, at positions set by its own length.
@@ -134,9 +137,9 @@ def otb_advantages(
         group_ids: ``[B]`` integer ids, in any order.
         eps: added to the baseline's denominator.
         tail: the baseline where a group cannot estimate one (one member alone at a position). The default,
-            ``"zero_advantage"`` (``OTBConfig``'s), gives advantage 0 there; ``"others_mean"``: the other valid
-            members' plain mean (RLOO's baseline); both work on group-centred rewards (this module's docstring),
-            and a group with one valid member gets advantage 0 under each.
+            ``"others_mean"`` (``OTBConfig``'s): the other valid members' plain mean (RLOO's baseline);
+            ``"zero_advantage"`` gives advantage 0 there; both work on group-centred rewards (this module's
+            docstring), and a group with one valid member gets advantage 0 under each.
             ``"zero"`` is verl's reference rule, kept bit for bit: when one valid member is strictly the longest of
             its group, its baseline is 0 past the second-longest length (lengths count masked tokens).
             ``"none"``: keep the baseline as computed. Both are offset-dependent (A = R where B is forced to 0).
@@ -144,12 +147,14 @@ def otb_advantages(
             w_t <- w_t rho_bar_t^2 (off-policy OTB).
         align: ``"position"`` compares members at the same completion index; ``"valid"`` at their
             k-th masked-in token, so tool-output holes do not misalign turns.
-        leave_one_out: member i's baseline uses the other members only,
+        leave_one_out: (default ``True``, ``OTBConfig``'s) member i's baseline uses the other members only,
             ``B_t^(-i) = sum_{j!=i} R_j W_t^(j) m_t^(j) / (sum_{j!=i} W_t^(j) m_t^(j) + eps)``;
             where no other member is active at t, the baseline is 0 (advantage R_i) with ``"zero"`` or ``"none"``
             (which then act alike), and the ``tail`` fallback (over the other members) with the others.
         shrinkage: ``"ess"`` shrinks the leave-one-out baseline toward the others' plain mean by its effective
             sample size (this module's docstring); needs ``leave_one_out=True`` and ``tail="others_mean"``.
+            ``None`` (the default) is ``"ess"`` where it applies and ``"none"`` elsewhere
+            (:func:`resolve_shrinkage`), so ``leave_one_out=False`` alone gives Li et al.'s self-inclusive OTB.
 
     With ``"zero"`` or ``"none"`` a group with exactly one valid member gets baseline 0 (advantage R_i on its
     tokens); with the shift-invariant tails it gets advantage 0.
