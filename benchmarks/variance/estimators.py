@@ -225,7 +225,8 @@ def fallback_estimators(tails=None) -> tuple[dict, dict]:
         for tail in FALLBACK_TAILS:
             name = fallback_name(tail, loo)
             if tail in tails:
-                estimators[name] = ("otb", {"tail": tail, "leave_one_out": loo})
+                # every option named, so that a change of the library's defaults cannot redefine a row
+                estimators[name] = ("otb", {"tail": tail, "leave_one_out": loo, "shrinkage": "none"})
                 implementation[name] = "core"
             else:
                 estimators[name] = (otb_fallback_advantages, {"tail": tail, "leave_one_out": loo})
@@ -284,5 +285,8 @@ def check_fallbacks(rewards, proxy, mask, Ns, num_groups, generator) -> dict:
             if name == "otb_last_baseline":
                 record("last_baseline_vs_otb_tail_last", adv, otb_tail_last_advantages(*args))
             if implementation[name] == "core" and spec[1].get("tail") in SHIFT_INVARIANT_TAILS:
-                record(f"core_vs_reference_{name}", adv, otb_fallback_advantages(*args, **spec[1]))
+                reference = otb_fallback_advantages(
+                    *args, tail=spec[1]["tail"], leave_one_out=spec[1]["leave_one_out"]
+                )
+                record(f"core_vs_reference_{name}", adv, reference)  # the reference has no shrinkage
     return out

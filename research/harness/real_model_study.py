@@ -96,6 +96,8 @@ CONFIG_KEYS += ("otb_proxy", "loss_type", "beta", "max_grad_norm", "temperature"
 # of OTBConfig's defaults from redefining the arm.
 OTB_DEFAULT_ARM = {"otb_tail": "zero_advantage", "otb_leave_one_out": False, "scale_rewards": "none"}
 ARM_OPTIONS = {"otb_default": OTB_DEFAULT_ARM}
+# the options only advantage_estimator="otb" reads (OTBConfig refuses them, off their defaults, elsewhere)
+OTB_ONLY = ("otb_tail", "otb_leave_one_out", "otb_shrinkage")
 
 
 def otb_defaults() -> dict:
@@ -160,10 +162,14 @@ def make_trainer(job: dict, model, tok, reward, callbacks=(), max_steps: int = 1
     pre, task, seed = DESIGNS[job["design"]], job["task"], job["seed"]
     N, P = pre["num_generations"], pre["prompts_per_step"]
     fidelity = {f"otb_fidelity_{k}": v for k, v in (job.get("fidelity") or {}).items()}
+    # an ablation arm names the arm it changes and the settings it changes (the mechanism study's follow-ups)
+    options = _arm_options(job.get("config_arm", job["arm"]), pre) | job.get("overrides", {})
+    if options.get("advantage_estimator", "otb") != "otb":
+        # an arm on another estimator (the follow-up's OGB) keeps OTBConfig's defaults for what only OTB reads
+        options = {k: v for k, v in options.items() if k not in OTB_ONLY}
     config = OTBConfig(
         output_dir=str(Path(job["workdir"]) / f"{job['cell']}-{job['arm']}-{seed}"),
-        # an ablation arm names the arm it changes and the settings it changes (the mechanism study's follow-ups)
-        **_arm_options(job.get("config_arm", job["arm"]), pre) | job.get("overrides", {}),
+        **options,
         **fidelity,
         num_generations=N,
         per_device_train_batch_size=N * P,

@@ -105,8 +105,13 @@ def test_group_coefficients_reproduce_the_estimators_gradient(tiny_model):
 
     for row, members in zip(C, groups):
         adv = otb_advantages(
-            R[members], proxy[members], mask[members], torch.zeros(3, dtype=torch.long), tail="zero"
-        ).double()
+            R[members],
+            proxy[members],
+            mask[members],
+            torch.zeros(3, dtype=torch.long),
+            tail="zero",
+            leave_one_out=False,
+        ).double()  # the tool's "otb" row (VARIANCE_ESTIMATORS): the reference OTB, self-inclusive
         token_rows = [int(offsets[j]) + t for j in members.tolist() for t in range(int(mask[j].sum()))]
         coef = torch.cat([adv[i, : int(mask[j].sum())] for i, j in enumerate(members.tolist())]) / 3
         g_brute = (coef[:, None] * grads[torch.tensor(token_rows)]).sum(0)
@@ -369,7 +374,7 @@ def test_study_variants_obey_their_definitions():
         expected = (rewards[rows, None] * W_carry[rows]).sum(0) / W_carry[rows].sum(0)
         assert torch.allclose(baseline[rows][mask[rows].bool()], expected.expand(N, T)[mask[rows].bool()])
     adv = variance.otb_tail_last_advantages(rewards, proxy, mask, group_ids)
-    none = otb_advantages(rewards, proxy, mask, group_ids, tail="none").double()
+    none = otb_advantages(rewards, proxy, mask, group_ids, tail="none", leave_one_out=False).double()
     active = mask.view(G, N, T).sum(1).repeat_interleave(N, 0)
     multi = (active >= 2) & mask.bool()
     assert torch.allclose(adv[multi], none[multi])

@@ -130,6 +130,20 @@ def test_metrics_of_the_exact_norms_against_themselves_are_perfect():
     assert out["uniform"].baseline_rel_diff > 0
 
 
+def test_the_baseline_compared_is_the_groups_energy_weighted_baseline_over_all_members():
+    """baseline_rel_diff compares Li et al.'s baseline (all members, verl's tail) under each proxy, whatever
+    OTBConfig's default estimator is: by hand, B_t = sum_i R_i W_t^i / sum_i W_t^i."""
+    exact = torch.tensor([[1.0, 1.0], [3.0, 1.0]])
+    proxy = torch.ones(2, 2)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    rewards = torch.tensor([1.0, 0.0])
+    out = fidelity_metrics(exact, {"uniform": proxy}, mask, rewards, torch.zeros(2, dtype=torch.long))
+    exact_baseline = torch.tensor([[1 / 4, 2 / 6], [1 / 4, 2 / 6]])  # W = cumsum: (1, 2) and (3, 4)
+    proxy_baseline = torch.full((2, 2), 0.5)  # equal energies: the plain mean
+    expected = float((proxy_baseline - exact_baseline).norm() / exact_baseline.norm())
+    assert out["uniform"].baseline_rel_diff == pytest.approx(expected, rel=1e-5)
+
+
 def test_fidelity_check_report(tiny_model, tiny_tokenizer):
     batch = _batch(tiny_model, tiny_tokenizer)
     report = fidelity_check(

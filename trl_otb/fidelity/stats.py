@@ -3,7 +3,8 @@
 Metrics per proxy (:class:`ProxyFidelity`), over the masked tokens of the batch:
 ``token_spearman``/``token_pearson`` (w_t vs ||s_t||^2), ``energy_spearman`` (W_t from the proxy
 vs from the exact norms), ``sequence_spearman`` (total energy W_L per sequence) and
-``baseline_rel_diff = ||B_proxy - B_exact||_2 / ||B_exact||_2`` with ``B = otb_terms(...).baseline``
+``baseline_rel_diff = ||B_proxy - B_exact||_2 / ||B_exact||_2`` with ``B = otb_terms(...).baseline``, the group's
+energy-weighted baseline over all its members (Li et al.'s: ``leave_one_out=False, tail="zero"``)
 (for ``length``: OPO's baseline, from :func:`trl_otb.core.opo_advantages`). A constant proxy has no token
 ranking: its token correlations are NaN.
 """
@@ -73,7 +74,7 @@ def _baseline(name: str, w: torch.Tensor, mask: torch.Tensor, rewards: torch.Ten
         advantages = opo_advantages(rewards, w, mask, group_ids)
         valid = torch.isfinite(rewards)[:, None] & mask
         return torch.where(valid, rewards[:, None] - advantages, torch.zeros_like(advantages))
-    return otb_terms(rewards, w, mask, group_ids, tail="zero").baseline
+    return otb_terms(rewards, w, mask, group_ids, tail="zero", leave_one_out=False).baseline
 
 
 def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
