@@ -341,8 +341,9 @@ def constant_reward(completions, **kwargs):
         ("grpo", {}),
         ("rloo", {}),
         ("ogb", {}),
-        *[("otb", {"otb_tail": tail}) for tail in SHIFT_INVARIANT_TAILS],
-        ("otb", {"otb_tail": "others_mean", "otb_leave_one_out": True}),
+        # Li et al.'s self-inclusive baseline on each shift-invariant tail; leave-one-out on zero_advantage
+        *[("otb", {"otb_tail": tail, "otb_leave_one_out": False}) for tail in SHIFT_INVARIANT_TAILS],
+        ("otb", {"otb_tail": "zero_advantage"}),
     ],
 )
 def test_tied_rewards_move_no_parameter(tiny_model_dir, tmp_path, estimator, options):
@@ -436,8 +437,8 @@ def _advantages_under_offsets(trainer, reward, offsets):
     "options",
     [
         {},  # OTBConfig's defaults: the law holds for what a user gets without choosing
-        *[{"otb_tail": tail} for tail in SHIFT_INVARIANT_TAILS],
-        *[{"otb_tail": tail, "otb_leave_one_out": True} for tail in SHIFT_INVARIANT_TAILS],
+        *[{"otb_tail": tail, "otb_leave_one_out": False} for tail in SHIFT_INVARIANT_TAILS],
+        {"otb_tail": "zero_advantage"},  # leave-one-out (the default) with the zero_advantage tail
     ],
     ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()) or "defaults",
 )
@@ -476,7 +477,7 @@ def test_the_reference_tail_moves_with_a_reward_offset(tiny_model_dir, tmp_path)
 # (otb_tail="others_mean"), with and without the ESS shrinkage: they train, a reward offset changes no advantage,
 # and tied rewards move no parameter.
 UNBIASED_OPTIONS = [
-    {"otb_leave_one_out": True, "otb_tail": "others_mean"},
+    {"otb_leave_one_out": True, "otb_tail": "others_mean", "otb_shrinkage": "none"},
     {"otb_leave_one_out": True, "otb_tail": "others_mean", "otb_shrinkage": "ess"},
 ]
 IDS = ["others_mean", "others_mean_ess"]

@@ -33,7 +33,7 @@ class SavingTrainer(OTBTrainer):
         record["prompts"] = [str(x["prompt"]) for x in inputs]
         record["metrics"] = {k: v[-1] for k, v in self._metrics["train"].items() if k.startswith("otb/")}
         record["world_size"] = self.accelerator.num_processes
-        record["otb_tail"] = self.args.otb_tail
+        record["otb_options"] = self.args.estimator_options()  # what the trainer computed with (its defaults)
         torch.save(record, os.path.join(self._out_dir, f"rank{self.accelerator.process_index}.pt"))
         return batch
 

@@ -75,7 +75,8 @@ def test_example_trains_and_writes_checkpoint_card_summary_and_plot(
     assert parsed.data.license == "other"  # unknown offline: the card says to check the base model's license
     assert f'pipeline("text-generation", model="{out}"' in parsed.text  # no hub_model_id: the output directory
     card = (out / "README.md").read_text()
-    for text in ("| group size N (num_generations) | `4` |", "| proxy w_t | `logit` |", "| leave-one-out | `False` |"):
+    defaults = ("| leave-one-out | `True` |", "| tail | `others_mean` |", "| shrinkage | `ess` |")  # OTBConfig's
+    for text in ("| group size N (num_generations) | `4` |", "| proxy w_t | `logit` |", *defaults):
         assert text in card
     assert card.index("### OTB settings") < card.index("### Math demo") < card.index("### Framework versions")
     assert f"| before training | {saved['accuracy_before']:.3f} |" in card

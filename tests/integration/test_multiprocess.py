@@ -61,7 +61,8 @@ def test_split_groups_get_single_process_advantages_and_metrics(two_ranks, tiny_
     proxy, mask = torch.cat(proxies), torch.cat(masks)
     rewards = torch.tensor([float("nan") if r is None else r for r in rewards])
     group_ids = torch.arange(len(rewards)) // N
-    expected = otb_advantages(rewards, proxy, mask, group_ids, tail=two_ranks[0]["otb_tail"])
+    options = two_ranks[0]["otb_options"]
+    expected = otb_advantages(rewards, proxy, mask, group_ids, **options)
 
     got = torch.cat([pad_to(r["advantages"], T) for r in two_ranks])
     unscorable = torch.tensor(["unscorable" in p for p in prompts])
@@ -69,7 +70,8 @@ def test_split_groups_get_single_process_advantages_and_metrics(two_ranks, tiny_
     assert torch.allclose(got, expected, atol=1e-5)
     assert (got[unscorable] == 0).all()
 
-    diagnostics = otb_diagnostics(rewards, expected, proxy, mask, group_ids)
+    # a leave-one-out baseline is read against the other members' mean (the trainer's rule)
+    diagnostics = otb_diagnostics(rewards, expected, proxy, mask, group_ids, leave_one_out=options["leave_one_out"])
     for rank in two_ranks:
         logged = {k.removeprefix("otb/"): v for k, v in rank["metrics"].items()}
         assert logged.pop("infinite_rewards") == 0.0  # the trainer's own count; every reward here is finite
