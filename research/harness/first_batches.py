@@ -208,6 +208,10 @@ def summarize(records: list[dict], batches: int) -> dict:
     drawn = sorted(records, key=lambda r: r["seed"])
     last = used[-1]["seed"] if len(used) == batches else None
     considered = [r for r in drawn if last is None or r["seed"] <= last]
+    # Seeds run side by side (--seed-start) can leave one undrawn below a used one: the batches used are then not
+    # the first qualifying ones, and the summary is not complete until it is drawn.
+    seeds = {r["seed"] for r in considered}
+    undrawn = sorted(set(range(min(seeds), max(seeds) + 1)) - seeds) if seeds else []
     arms = {}
     for arm in FIRST_BATCHES["arms"]:
         runs = [r["arms"][arm] for r in used]
@@ -229,7 +233,7 @@ def summarize(records: list[dict], batches: int) -> dict:
         }
     return {
         "batches": len(used),
-        "complete": len(used) == batches,
+        "complete": len(used) == batches and not undrawn,
         "seeds": [r["seed"] for r in used],
         "draws": {
             "drawn": len(considered),
@@ -237,6 +241,7 @@ def summarize(records: list[dict], batches: int) -> dict:
             "first_seed": drawn[0]["seed"] if drawn else None,
             "last_seed": considered[-1]["seed"] if considered else None,
             "why_not": {str(r["seed"]): r["reason"] for r in considered if not r["qualified"]},
+            "undrawn": undrawn,
         },
         "arms": arms,
     }

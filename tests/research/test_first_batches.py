@@ -89,6 +89,7 @@ def test_the_summary_shares_wilson_intervals_and_draws():
         "first_seed": 300,
         "last_seed": 304,
         "why_not": {"300": "1 of 8 stop at n"},
+        "undrawn": [],
     }
     grpo = got["arms"]["grpo_N4"]
     assert (grpo["batches"], grpo["lowered"], grpo["share_lowered"]) == (4, 3, 0.75)
@@ -100,6 +101,11 @@ def test_the_summary_shares_wilson_intervals_and_draws():
     flat = got["arms"]["otb_loo_mean"]  # a change of exactly 0 does not lower
     assert flat["lowered"] == 0 and flat["wilson95"] == pytest.approx([0.0, 0.4899], abs=1e-4)
     assert all(a["all_moved"] and a["config"] == {"arm": name} for name, a in got["arms"].items())
+
+    # Two workers: seed 303 not drawn yet, so 310 would stand in for it; the summary says so and is not complete.
+    gap = fb.summarize([r for r in records if r["seed"] != 303], batches=4)
+    assert gap["seeds"] == [301, 302, 304, 310] and gap["draws"]["undrawn"] == [303, 306, 307, 308, 309]
+    assert not gap["complete"]
 
     short = fb.summarize(records[:3], batches=4)  # one qualifying batch so far
     assert short["batches"] == 1 and not short["complete"] and short["draws"]["drawn"] == 3
