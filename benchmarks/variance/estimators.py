@@ -44,8 +44,9 @@ YARDSTICK_ESTIMATORS = {
     "otb": ("otb", {"tail": "zero", "leave_one_out": False}),
     "otb_zero_advantage_loo": ("otb", {"tail": "zero_advantage", "leave_one_out": True}),
 }
-"""``--yardstick``'s estimators: TRL's GRPO (std-scaled), unscaled GRPO, RLOO, OGB, today's default OTB
-(``zero_advantage``, self-inclusive), the reference OTB (``zero``), leave-one-out OTB with ``zero_advantage``; and
+"""``--yardstick``'s estimators: TRL's GRPO (std-scaled), unscaled GRPO, RLOO, OGB, the 0.2.0 default OTB
+(``zero_advantage``, self-inclusive; its JSON key, ``otb_default``, is kept so that the committed results read the
+same), the reference OTB (``zero``), leave-one-out OTB with ``zero_advantage``; and
 ``UNBIASED_OTB`` where the installed core has them (``yardstick_estimators``)."""
 UNBIASED_OTB = {
     "otb_others_mean_loo": ("otb", {"tail": "others_mean", "leave_one_out": True, "shrinkage": "none"}),
