@@ -79,6 +79,7 @@ SUMMARIES = [
     Summary("real_model", "real_model_study_reach", (REAL_MODEL, "--summary")),
     Summary("real_model", "real_model_study_reach_rate", (REAL_MODEL, "--rate-follow-up", "--summary")),
     Summary("estimator_study", "training_study4", (TRAINING, "--study", "4", "--summary"), inputs=RATES),
+    Summary("estimator_study", "first_batches", ("research.harness.first_batches", "--summary")),
     Summary(
         "first_step",
         "real_model_mechanism",
