@@ -36,12 +36,13 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gradient_check_tasks.js
 
 
 def _same(a: tuple[str, dict], b: tuple[str, dict]) -> bool:
-    """Whether two (estimator, options) compute the same advantages: eps left out, OTB's shrinkage resolved."""
+    """Whether two (estimator, options) compute the same advantages: eps left out, OTB's shrinkage resolved. Both
+    files record an OTB row's tail and leave_one_out; a missing shrinkage is None (resolved as the library does)."""
 
     def norm(estimator, options):
         options = {k: v for k, v in options.items() if k != "eps"}
         if estimator == "otb":
-            tail, loo = options.get("tail", "others_mean"), options.get("leave_one_out", True)
+            tail, loo = options["tail"], options["leave_one_out"]
             options = {
                 "tail": tail,
                 "leave_one_out": loo,

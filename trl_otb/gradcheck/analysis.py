@@ -46,7 +46,8 @@ def estimators_for(args: OTBConfig | None = None) -> dict:
     RLOO, OGB, Li et al.'s self-inclusive OTB (with the shift-invariant ``"zero_advantage"`` tail, trl-otb 0.2.0's
     default) and the exactly unbiased OTB options (leave-one-out with the others' mean at lone tokens, and the same
     ESS-shrunk), named as the variance tool names them (it calls the self-inclusive one ``otb_default``, its
-    default in the 0.2.0 measurements); a named option equal to the default is left out (the default's row is it). Plus ``yours``, ``args``'s estimator, when it is none of these."""
+    default in the 0.2.0 measurements); a named option equal to the default is left out (the default's row is it).
+    Plus ``yours``, ``args``'s estimator, when it is none of these."""
     default = _default_otb()
     named = {
         "grpo_std": ("grpo", {"scale": "group"}),
